@@ -1,0 +1,253 @@
+"""Block-autoregressive denoising `generate` (spec D.4). Reads like the spec: an outer loop over canvases, an inner
+loop over denoising steps.
+
+Legend: B batch, P prompt, L canvas length, S committed slots, V vocab, H hidden, N max denoising steps.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from transformers import LogitsProcessorList, StoppingCriteriaList
+from transformers.utils import ModelOutput
+
+from ..modeling.validation import check_token_ids, padding_vector
+from .config import resolve_generation_config
+from .sampler import apply_temperature, make_sampler, temperature_at, token_entropy
+from .state import CanvasState
+from .stopping import StableAndConfidentStopper, eos_in_new_tokens, pad_after_eos
+
+MODEL_KWARGS = ("decoder_input_ids", "self_conditioning_logits")
+
+
+@dataclass
+class DiffusionGemmaGenerationOutput(ModelOutput):
+    """Result of `generate` with `return_dict_in_generate=True`.
+
+    Attributes:
+        sequences: [B, P + c*L] prompt followed by the committed canvases (pad after EOS).
+        tokens_per_forward: [B] float, new non-pad tokens per denoising pass of that row.
+        past_key_values: the cache; holds the prompt and every canvas but the last (spec D.6).
+    """
+
+    sequences: torch.LongTensor | None = None
+    tokens_per_forward: torch.Tensor | None = None
+    past_key_values: object | None = None
+    logits: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+    hidden_states: torch.Tensor | None = None
+
+
+@dataclass
+class StepSettings:
+    """Resolved once per call; read by every step."""
+
+    max_steps: int
+    t_min: float
+    t_max: float
+
+
+def generated_length(config, cur_len: int, explicit: set) -> tuple[int, int]:
+    """(max_length, max_new_tokens) as the reference resolves them (spec D.2, pitfall H.11)."""
+    if {"max_length", "max_new_tokens"} <= explicit:
+        raise ValueError("Pass only one of `max_length` and `max_new_tokens`")
+    if config.max_length and config.max_new_tokens == 256 and "max_new_tokens" not in explicit:
+        max_new_tokens = config.max_length - cur_len
+        if max_new_tokens <= 0:
+            raise ValueError(f"`max_length` ({config.max_length}) must exceed the prompt length ({cur_len})")
+        return config.max_length, max_new_tokens
+    return config.max_new_tokens + cur_len, config.max_new_tokens
+
+
+def denoise_step(
+    model,
+    state: CanvasState,
+    steps_remaining: int,
+    settings: StepSettings,
+    sampler,
+    stopper,
+    processors: LogitsProcessorList | None,
+    sequences: torch.Tensor,
+    cache,
+    keep: torch.Tensor | None,
+    finished_sequences: torch.Tensor,
+) -> tuple[CanvasState, torch.Tensor]:
+    """One denoising step (spec D.4a-i). Returns the new state and the tempered logits [B, L, V]."""
+    # a. count a pass for every row still working
+    passes = state.forward_passes + (~(state.finished_denoising | finished_sequences)).int()
+    # b. decoder + head
+    logits = model.head(model.denoise(state.canvas, cache, state.soft, keep=keep))  # [B, L, V] fp32
+    # c. user processors first (they get 3-D scores), then the temperature schedule
+    if processors:
+        logits = processors(sequences, logits, cur_step=torch.tensor(steps_remaining, dtype=torch.int32))
+    logits = apply_temperature(logits, temperature_at(steps_remaining, settings.max_steps, settings.t_min, settings.t_max))
+    # d-g. sample, accept under the entropy budget, re-noise the rest
+    entropy = token_entropy(logits)  # [B, L], shared by acceptance and stopping
+    canvas, _ = sampler.step(logits, entropy, state.canvas)
+    argmax = logits.argmax(dim=-1)  # [B, L]
+    stack = model.model.decoder
+    soft = stack.soft_embedding(logits.to(stack.embed_tokens.weight.dtype))  # [B, L, H]
+    # h. rows that already stopped keep their canvas, argmax and self-conditioning
+    done = state.finished_denoising
+    if state.soft is not None and bool(done.any()):
+        argmax = torch.where(done[:, None], state.argmax_canvas, argmax)
+        canvas = torch.where(done[:, None], state.canvas, canvas)
+        soft = torch.where(done[:, None, None], state.soft, soft)
+    done = done | stopper(argmax, entropy)
+    return CanvasState(canvas, argmax, soft, done, passes), logits
+
+
+def finalize_canvas(
+    sequences: torch.Tensor,
+    finished: torch.Tensor,
+    canvas_length: int,
+    config,
+    eos_ids: torch.Tensor | None,
+    user_criteria: StoppingCriteriaList | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Spec D.4.6: update finished rows, pad rows finished earlier and everything after a first EOS."""
+    L = canvas_length
+    done_now = eos_in_new_tokens(sequences, L, eos_ids)
+    if config.max_length is not None:
+        done_now = done_now | (sequences.shape[1] >= config.max_length)
+    if user_criteria:
+        done_now = done_now | user_criteria(sequences, None, new_token_length=L).to(done_now.device)
+    previous = finished
+    finished = previous | done_now
+    pad = config.pad_token_id
+    if pad is not None and bool(finished.any()):
+        sequences = sequences.clone()
+        sequences[previous, -L:] = pad
+        if eos_ids is not None and bool(done_now.any()):
+            sequences[:, -L:] = pad_after_eos(sequences[:, -L:], eos_ids, pad)
+    return sequences, finished
+
+
+def tokens_per_forward(new_tokens: torch.Tensor, passes: torch.Tensor, pad_id: int | None) -> torch.Tensor:
+    """[B]: new tokens that are not pad (all of them without a pad id) per denoising pass (pitfall H.14)."""
+    valid = (new_tokens != pad_id).sum(dim=-1) if pad_id is not None else new_tokens.shape[1]
+    return valid / passes
+
+
+@torch.no_grad()
+def generate(
+    model,
+    input_ids: torch.LongTensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    generation_config=None,
+    streamer=None,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    past_key_values=None,
+    sampling: str = "reference",
+    **kwargs,
+):
+    """Generate whole canvases by block-autoregressive denoising.
+
+    Args:
+        input_ids: [B, P] prompt (left-padded for batches).
+        attention_mask: [B, S+P] 1 for tokens, 0 for left padding.
+        generation_config: a `DiffusionGemmaGenerationConfig`; defaults to the model's (`generation_config.json`).
+        streamer: gets `put(prompt)`, `put_draft(value=argmax canvas)` every step (if it has that method), `put(canvas)`
+            after every commit, then `end()`.
+        logits_processor / stopping_criteria: extra processors (applied before the temperature schedule, on 3-D
+            scores) and extra criteria (called after every canvas with `new_token_length=L`).
+        past_key_values: a `BlockDiffusionCache` holding an earlier prefix; `input_ids` continue it.
+        sampling: "reference" draws random numbers exactly like transformers' built-in `generate`.
+        **kwargs: generation config fields (max_new_tokens, max_denoising_steps, t_min, ...) override the config;
+            `decoder_input_ids` [B, L] and `self_conditioning_logits` [B, L, V] seed the first canvas.
+    Returns:
+        `DiffusionGemmaGenerationOutput` (or the sequences [B, P + c*L] when `return_dict_in_generate=False`).
+    """
+    stack = model.model.decoder
+    text = model.config.text_config
+    V, L = text.vocab_size, model.canvas_length
+    # 0. resolve and validate everything once; nothing below reads **kwargs
+    config, rest, explicit = resolve_generation_config(model.generation_config, generation_config, kwargs)
+    unknown = sorted(set(rest) - set(MODEL_KWARGS))
+    if unknown:
+        raise ValueError(f"generate() got unknown keyword arguments {unknown}; expected generation config fields "
+                         f"or one of {list(MODEL_KWARGS)}")
+    if input_ids is None:
+        raise ValueError("`input_ids` is required: pass the prompt as a [batch, length] tensor")
+    check_token_ids("input_ids", input_ids, V)
+    B, P = input_ids.shape
+    device = input_ids.device
+    cur_len = P + (past_key_values.length if past_key_values is not None else 0)
+    max_length, max_new_tokens = generated_length(config, cur_len, explicit)
+    num_canvases = math.ceil(max_new_tokens / L)
+    if cur_len + num_canvases * L > text.max_position_embeddings:
+        raise ValueError(
+            f"prompt ({cur_len}) + new tokens ({num_canvases} canvases of {L}) exceed max_position_embeddings "
+            f"({text.max_position_embeddings})"
+        )
+    keep = None
+    if attention_mask is not None:
+        mask = padding_vector("attention_mask", attention_mask, B, (cur_len,))
+        if not bool(mask.all()):
+            keep = torch.cat([mask, mask.new_ones(B, num_canvases * L)], dim=1)  # [B, all slots]
+    decoder_input_ids = rest.get("decoder_input_ids")
+    if decoder_input_ids is not None:
+        check_token_ids("decoder_input_ids", decoder_input_ids, V)
+        if tuple(decoder_input_ids.shape) != (B, L):
+            raise ValueError(f"`decoder_input_ids` must have shape [{B}, {L}], got {list(decoder_input_ids.shape)}")
+    sc_logits = rest.get("self_conditioning_logits")
+    if sc_logits is not None and tuple(sc_logits.shape) != (B, L, V):
+        raise ValueError(f"`self_conditioning_logits` must have shape [{B}, {L}, {V}], got {list(sc_logits.shape)}")
+    cache = past_key_values if past_key_values is not None else model.new_cache()
+    cache.reserve(cur_len + num_canvases * L)
+    eos = config.eos_token_id
+    eos_ids = torch.tensor(eos if isinstance(eos, (list, tuple)) else [eos], device=device) if eos is not None else None
+    settings = StepSettings(config.max_denoising_steps, config.t_min, config.t_max)
+    sampler = make_sampler(sampling, config.sampler_config.entropy_bound, V)
+    stopper = StableAndConfidentStopper(config.stability_threshold, config.confidence_threshold)
+    processors = LogitsProcessorList(logits_processor) if logits_processor else None
+    user_criteria = StoppingCriteriaList(stopping_criteria) if stopping_criteria else None
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+
+    sequences = input_ids
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    passes = torch.zeros(B, dtype=torch.int32, device=device)
+    for c in range(num_canvases):
+        # 1. encoder: the prompt first, then the canvas committed last round (writes the cache)
+        model.encode(sequences if c == 0 else sequences[:, -L:], cache, keep=keep)
+        # 3. a fresh noise canvas; the draw happens even when the caller seeds the first canvas (pitfall H.9)
+        canvas = sampler.init_canvas(B, L, device)
+        soft = None
+        if c == 0 and decoder_input_ids is not None:
+            canvas = decoder_input_ids
+        if c == 0 and sc_logits is not None:
+            soft = stack.soft_embedding(sc_logits.to(stack.embed_tokens.weight.dtype))
+        state = CanvasState(canvas, canvas, soft, torch.zeros(B, dtype=torch.bool, device=device), passes)
+        stopper.reset(B)
+        # 4. denoise, counting the steps remaining N..1
+        for steps_remaining in range(settings.max_steps, 0, -1):
+            state, logits = denoise_step(
+                model, state, steps_remaining, settings, sampler, stopper, processors, sequences, cache, keep, finished
+            )
+            if streamer is not None and hasattr(streamer, "put_draft"):
+                if getattr(streamer, "_takes_logits", False):
+                    streamer.put_draft(logits=logits.to(stack.embed_tokens.weight.dtype).cpu())
+                else:
+                    streamer.put_draft(value=state.argmax_canvas.cpu())
+            if bool(state.finished_denoising.all()):
+                break
+        passes = state.forward_passes
+        # 5. commit the argmax canvas; 6. EOS and padding
+        sequences = torch.cat([sequences, state.argmax_canvas], dim=-1)
+        sequences, finished = finalize_canvas(sequences, finished, L, config, eos_ids, user_criteria)
+        # 7. stream the committed canvas
+        if streamer is not None:
+            streamer.put(sequences[:, -L:].cpu())
+        if bool(finished.all()):
+            break
+    if streamer is not None:
+        streamer.end()
+    if not config.return_dict_in_generate:
+        return sequences
+    return DiffusionGemmaGenerationOutput(
+        sequences=sequences,
+        tokens_per_forward=tokens_per_forward(sequences[:, P:], passes, config.pad_token_id),
+        past_key_values=cache,
+    )

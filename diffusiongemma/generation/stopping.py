@@ -1,0 +1,57 @@
+"""When to stop denoising a canvas (spec D.5) and when to stop generating (spec D.4.6).
+
+Legend: B batch, L canvas length.
+"""
+
+from typing import Protocol
+
+import torch
+
+
+class Stopper(Protocol):
+    def reset(self, batch: int) -> None:
+        """Forget the history (called at the start of every canvas)."""
+
+    def __call__(self, argmax_canvas: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
+        """argmax_canvas [B, L], entropy [B, L] of the tempered logits -> [B] bool: this row may stop now."""
+
+
+class StableAndConfidentStopper:
+    """Stop a row when its argmax canvas equals each of the previous S argmax canvases and its mean entropy is
+    below the confidence threshold. With S >= 1 a canvas needs at least S + 1 steps (pitfall H.10).
+    """
+
+    def __init__(self, stability_threshold: int, confidence_threshold: float):
+        self.stability_threshold = stability_threshold
+        self.confidence_threshold = confidence_threshold
+        self.history = None  # [S, B, L], -1 = nothing seen yet
+
+    def reset(self, batch: int) -> None:
+        self.history = None
+
+    def __call__(self, argmax_canvas: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
+        B, L = argmax_canvas.shape
+        if self.stability_threshold == 0:
+            stable = torch.ones(B, dtype=torch.bool, device=argmax_canvas.device)
+        else:
+            if self.history is None:
+                self.history = argmax_canvas.new_full((self.stability_threshold, B, L), -1)
+            stable = (self.history == argmax_canvas[None]).all(dim=-1).all(dim=0)
+            self.history = torch.cat([self.history[1:], argmax_canvas[None]], dim=0)
+        confident = entropy.mean(dim=-1) < self.confidence_threshold
+        return stable & confident
+
+
+def eos_in_new_tokens(sequences: torch.Tensor, new_tokens: int, eos_ids: torch.Tensor | None) -> torch.Tensor:
+    """[B] bool: some EOS id appears anywhere in the last `new_tokens` tokens."""
+    if eos_ids is None:
+        return torch.zeros(sequences.shape[0], dtype=torch.bool, device=sequences.device)
+    return torch.isin(sequences[:, -new_tokens:], eos_ids).any(dim=-1)
+
+
+def pad_after_eos(canvas: torch.Tensor, eos_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Every token after the first EOS of each row becomes pad; the first EOS is kept. canvas [B, L]."""
+    is_eos = torch.isin(canvas, eos_ids)
+    seen = is_eos.cumsum(dim=-1)
+    after_first = (seen > 0) & ~((seen == 1) & is_eos)
+    return canvas.masked_fill(after_first, pad_id)

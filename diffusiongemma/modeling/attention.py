@@ -1,0 +1,99 @@
+"""The dual-mode attention module (spec C.5).
+
+One module serves both modes; the caller decides the mode by what it passes: the finished mask and whether the cache
+write persists (encoder: causal, writes the prefix; decoder: bidirectional, writes only the reserved canvas slot).
+
+Legend: B batch, T tokens in this pass, KV keys attended, H hidden, N query heads, K kv heads, D head dim.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import LayerShape
+from .blocks import RMSNorm
+from .masks import LayerMask
+from .rope import apply_rope
+
+ATTENTION_BACKENDS = ("sdpa", "eager")
+
+
+@dataclass
+class PassContext:
+    """Everything one forward pass of the stack shares across layers, built once per pass.
+
+    Attributes:
+        cos_sin: per layer type, RoPE tables [B or 1, T, D].
+        masks: per layer type, the finished `LayerMask`.
+        cache: the `BlockDiffusionCache` read (and written) by this pass.
+        persist: True in encoder mode (writes become prefix), False in decoder mode (canvas slot only).
+        backend: "sdpa" or "eager".
+    """
+
+    cos_sin: dict
+    masks: dict
+    cache: object
+    persist: bool
+    backend: str
+
+
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Reference math for debugging: scores q.k^T with scaling 1.0, softmax in fp32. q [B,N,T,D], k/v [B,K,KV,D]."""
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1)  # [B, N, KV, D]
+    v = v.repeat_interleave(groups, dim=1)
+    scores = q @ k.transpose(-1, -2)  # [B, N, T, KV]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    probs = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+    return probs @ v  # [B, N, T, D]
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """PyTorch SDPA with native GQA (no repeated K/V copies) and scaling 1.0 (spec C.5)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=q.shape[1] != k.shape[1])
+
+
+class DiffusionGemmaAttention(nn.Module):
+    """Gemma 4 attention with q/k/v norms; full layers reuse the raw key projection as values ("k_eq_v").
+
+    Args:
+        hidden_size: H.
+        num_heads: N.
+        shape: this layer's geometry (K, D, window).
+        eps: RMSNorm epsilon.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, shape: LayerShape, eps: float, bias: bool = False):
+        super().__init__()
+        self.shape = shape
+        self.num_heads = num_heads
+        self.head_dim = D = shape.head_dim
+        K = shape.num_kv_heads
+        if num_heads % K:
+            raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({K})")
+        self.q_proj = nn.Linear(hidden_size, num_heads * D, bias=bias)
+        self.k_proj = nn.Linear(hidden_size, K * D, bias=bias)
+        # spec C.5 / A.2: full-attention layers never have v_proj; V = v_norm(raw k_proj output)
+        self.v_proj = nn.Linear(hidden_size, K * D, bias=bias) if shape.is_sliding else None
+        self.o_proj = nn.Linear(num_heads * D, hidden_size, bias=bias)
+        self.q_norm = RMSNorm(D, eps)
+        self.k_norm = RMSNorm(D, eps)
+        self.v_norm = RMSNorm(D, eps, with_scale=False)
+
+    def forward(self, h: torch.Tensor, ctx: PassContext, layer_idx: int) -> torch.Tensor:
+        """h [B, T, H] (already input-normed) -> [B, T, H]."""
+        B, T, _ = h.shape
+        cos, sin = ctx.cos_sin[self.shape.layer_type]
+        mask: LayerMask = ctx.masks[self.shape.layer_type]
+        q = apply_rope(self.q_norm(self.q_proj(h).view(B, T, -1, self.head_dim)), cos, sin)  # [B, T, N, D]
+        raw_k = self.k_proj(h).view(B, T, -1, self.head_dim)  # [B, T, K, D]
+        raw_v = self.v_proj(h).view(B, T, -1, self.head_dim) if self.v_proj is not None else raw_k
+        k = apply_rope(self.k_norm(raw_k), cos, sin)
+        v = self.v_norm(raw_v)
+        k, v = ctx.cache.write(layer_idx, k.transpose(1, 2), v.transpose(1, 2), mask.kv_start, ctx.persist)  # [B,K,KV,D]
+        attend = eager_attention if ctx.backend == "eager" else sdpa_attention
+        out = attend(q.transpose(1, 2), k, v, mask.mask)  # [B, N, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))

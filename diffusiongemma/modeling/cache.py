@@ -1,0 +1,90 @@
+"""KV cache for block diffusion: the committed prefix plus a reserved canvas slot, per layer (spec C.10).
+
+Encoder passes write their keys/values at slots [S, S+T) and then advance the committed length S. Denoising passes
+write the canvas keys/values into the reserved slots [S, S+L) *without* advancing S, so attention reads a view
+[kv_start, S+L) of one buffer: no per-step concatenation of the whole prefix with the canvas. The next commit pass
+overwrites the same slots. Sliding layers read only the last W-1 committed slots (the mask builder picks the view).
+
+While autograd is recording (training), writes are functional (`torch.cat`) instead of in place, so gradients flow
+through the cached keys/values and nothing a backward pass needs is overwritten.
+
+Legend: B batch, K kv heads, C capacity (slots), D head dim, T tokens written.
+"""
+
+import torch
+
+from .config import LayerShape
+
+
+class BlockDiffusionCache:
+    """Per-layer key/value buffers [B, K, C, D] with a shared committed length.
+
+    Args:
+        shapes: the `LayerShape` of every layer (K and D differ between full and sliding layers).
+    """
+
+    is_compileable = False
+
+    def __init__(self, shapes: list[LayerShape]):
+        self.shapes = list(shapes)
+        self.keys: list[torch.Tensor | None] = [None] * len(shapes)
+        self.values: list[torch.Tensor | None] = [None] * len(shapes)
+        self.length = 0  # committed slots S
+        self.capacity_hint = 0
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Number of committed slots S (the canvas slot is not counted)."""
+        return self.length
+
+    def reserve(self, slots: int) -> None:
+        """Ask for room for `slots` slots in total, so writes up to there never reallocate."""
+        self.capacity_hint = max(self.capacity_hint, slots)
+
+    def _grow(self, layer: int, needed: int, like: torch.Tensor) -> None:
+        buf = self.keys[layer]
+        capacity = 0 if buf is None else buf.shape[2]
+        if needed <= capacity:
+            return
+        new_capacity = max(needed, self.capacity_hint, 2 * capacity)
+        B, K, _, D = like.shape
+        for store in (self.keys, self.values):
+            new = like.new_zeros(B, K, new_capacity, D)
+            if store[layer] is not None:
+                new[:, :, : self.length] = store[layer][:, :, : self.length]
+            store[layer] = new
+
+    def write(
+        self, layer: int, key: torch.Tensor, value: torch.Tensor, kv_start: int, persist: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Place key/value [B, K, T, D] at slots [S, S+T) and return the views [B, K, S+T-kv_start, D].
+
+        `persist` is True for encoder passes (the write becomes part of the prefix once `advance` is called) and False
+        for denoising passes (the write only lives in the reserved canvas slot).
+        """
+        end = self.length + key.shape[2]
+        if torch.is_grad_enabled() and (key.requires_grad or value.requires_grad):
+            keys, values = key, value
+            if self.keys[layer] is not None:
+                keys = torch.cat([self.keys[layer][:, :, : self.length], key], dim=2)
+                values = torch.cat([self.values[layer][:, :, : self.length], value], dim=2)
+            if persist:
+                self.keys[layer], self.values[layer] = keys, values
+            return keys[:, :, kv_start:end], values[:, :, kv_start:end]
+        self._grow(layer, end, key)
+        self.keys[layer][:, :, self.length : end] = key
+        self.values[layer][:, :, self.length : end] = value
+        return self.keys[layer][:, :, kv_start:end], self.values[layer][:, :, kv_start:end]
+
+    def advance(self, tokens: int) -> None:
+        """Commit the slots just written by an encoder pass: S += tokens."""
+        self.length += tokens
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only batch rows `rows` (e.g. drop finished sequences)."""
+        for store in (self.keys, self.values):
+            for i, buf in enumerate(store):
+                if buf is not None:
+                    store[i] = buf[rows]

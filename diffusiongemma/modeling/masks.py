@@ -1,0 +1,156 @@
+"""Every attention mask the model needs, built in one place (spec C.4, C.10).
+
+Masks are predicates `f(b, h, q, kv) -> bool` over *relative* query/key indices (the signature of
+`torch.nn.attention.flex_attention` mask_mods); each predicate closes over the absolute cache slot of its first
+query and first key. Combine them with `and_masks` / `or_masks`, then materialize once per forward and layer type:
+`dense_mask` (bool [B, 1, Q, KV] for SDPA/eager). Attention receives a finished mask.
+
+Slots: the KV cache stores token t of the sequence at slot t (left padding included, positions equal slots), and the
+canvas being denoised sits in the slots right after the committed prefix.
+
+Legend: B batch, Q queries in this pass, KV keys attended, S committed (cached) length, W sliding window.
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .config import LayerShape
+
+MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def and_masks(*mods: MaskMod) -> MaskMod:
+    def mod(b, h, q, kv):
+        out = mods[0](b, h, q, kv)
+        for m in mods[1:]:
+            out = out & m(b, h, q, kv)
+        return out
+
+    return mod
+
+
+def or_masks(*mods: MaskMod) -> MaskMod:
+    def mod(b, h, q, kv):
+        out = mods[0](b, h, q, kv)
+        for m in mods[1:]:
+            out = out | m(b, h, q, kv)
+        return out
+
+    return mod
+
+
+def causal(q_slot0: int, kv_slot0: int) -> MaskMod:
+    """Key slot <= query slot (encoder mode)."""
+    return lambda b, h, q, kv: (kv + kv_slot0) <= (q + q_slot0)
+
+
+def sliding_window(window: int, q_slot0: int, kv_slot0: int) -> MaskMod:
+    """q - W < k: the query sees itself and the previous W-1 slots (spec C.4: the window counts the query)."""
+    return lambda b, h, q, kv: (q + q_slot0) - (kv + kv_slot0) < window
+
+
+def symmetric_window(window: int, q_slot0: int, kv_slot0: int) -> MaskMod:
+    """|q - k| <= W' (non-causal encoder with use_bidirectional_attention == "all", spec C.10)."""
+    return lambda b, h, q, kv: ((q + q_slot0) - (kv + kv_slot0)).abs() <= window
+
+
+def bidirectional() -> MaskMod:
+    return lambda b, h, q, kv: torch.ones_like(q + kv, dtype=torch.bool)
+
+
+def key_padding(keep: torch.Tensor, kv_slot0: int) -> MaskMod:
+    """keep [B, slots] bool: False marks a padding slot that no query may see."""
+    return lambda b, h, q, kv: keep[b, kv + kv_slot0]
+
+
+def dense_mask(mod: MaskMod, batch: int, num_q: int, num_kv: int, device: torch.device) -> torch.Tensor:
+    """Materialize a predicate as a bool tensor [B, 1, Q, KV] for SDPA / eager.
+
+    Fully masked query rows (left-padding queries in encoder mode) are opened to every key so softmax stays finite:
+    their outputs are never visible to real tokens, but a NaN there would poison later layers (pitfall H.12).
+    """
+    b = torch.arange(batch, device=device)[:, None, None, None]
+    h = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
+    q = torch.arange(num_q, device=device)[None, None, :, None]
+    kv = torch.arange(num_kv, device=device)[None, None, None, :]
+    mask = mod(b, h, q, kv).expand(batch, 1, num_q, num_kv)
+    empty_rows = ~mask.any(dim=-1, keepdim=True)
+    return mask | empty_rows
+
+
+@dataclass
+class LayerMask:
+    """What one attention call needs: the key slot range and the finished mask (None = attend to all of it)."""
+
+    kv_start: int
+    kv_end: int
+    mask: torch.Tensor | None
+
+
+def _first_visible_slot(shape: LayerShape, q_slot0: int) -> int:
+    # Sliding layers retain only the last W-1 committed slots (spec C.10, DynamicCache semantics).
+    if shape.is_sliding:
+        return max(q_slot0 - (shape.sliding_window - 1), 0)
+    return 0
+
+
+def build_encoder_masks(
+    shapes: dict[str, LayerShape],
+    q_slot0: int,
+    num_q: int,
+    keep: torch.Tensor | None,
+    causal_encoder: bool,
+    batch: int,
+    device: torch.device,
+) -> dict[str, LayerMask]:
+    """Masks for an encoder pass writing slots [q_slot0, q_slot0 + Q), one per layer type.
+
+    Args:
+        shapes: one representative `LayerShape` per layer type.
+        keep: [B, >= q_slot0 + Q] bool padding vector over slots, or None for no padding.
+        causal_encoder: False only for `use_bidirectional_attention == "all"`.
+    """
+    out = {}
+    for layer_type, shape in shapes.items():
+        kv0 = _first_visible_slot(shape, q_slot0)
+        kv1 = q_slot0 + num_q
+        mods = []
+        if causal_encoder:
+            mods.append(causal(q_slot0, kv0))
+            if shape.is_sliding:
+                mods.append(sliding_window(shape.sliding_window, q_slot0, kv0))
+        elif shape.is_sliding:
+            mods.append(symmetric_window(shape.sliding_window, q_slot0, kv0))
+        if keep is not None:
+            mods.append(key_padding(keep, kv0))
+        mask = dense_mask(and_masks(*mods), batch, num_q, kv1 - kv0, device) if mods else None
+        out[layer_type] = LayerMask(kv0, kv1, mask)
+    return out
+
+
+def build_decoder_masks(
+    shapes: dict[str, LayerShape],
+    cached: int,
+    canvas_length: int,
+    keep: torch.Tensor | None,
+    batch: int,
+    device: torch.device,
+) -> dict[str, LayerMask]:
+    """Masks for a denoising pass: the canvas (slots [S, S+L)) attends bidirectionally to itself and to the cache.
+
+    Full layers see every cached slot; sliding layers see the same last W-1 cached slots for every canvas query, with
+    no window inside the canvas (spec C.10, sdpa/eager + DynamicCache reference). `keep` [B, >= S] marks padding.
+    """
+    out = {}
+    for layer_type, shape in shapes.items():
+        kv0 = _first_visible_slot(shape, cached)
+        kv1 = cached + canvas_length
+        mask = None
+        if keep is not None and not bool(keep[:, kv0:cached].all()):
+            full_keep = torch.ones(batch, kv1, dtype=torch.bool, device=device)
+            full_keep[:, kv0:cached] = keep[:, kv0:cached]
+            mask = dense_mask(key_padding(full_keep, kv0), batch, canvas_length, kv1 - kv0, device)
+        out[layer_type] = LayerMask(kv0, kv1, mask)
+    return out

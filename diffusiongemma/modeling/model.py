@@ -1,0 +1,304 @@
+"""`DiffusionGemmaForBlockDiffusion`: the transformers-facing model (spec B, C.8, C.12).
+
+Module paths mirror the checkpoint so weights load and save without renaming (spec B.1/B.2):
+
+    model.decoder.*                         the one text stack (`DiffusionGemmaTextStack`), both modes
+    model.encoder.language_model.layers.i   only the encoder-mode `layer_scalar` buffers
+    model.encoder.vision_tower / embed_vision
+    lm_head                                  tied to model.decoder.embed_tokens
+
+Legend: B batch, P prompt tokens, L canvas length, S cached slots, H hidden, V vocab.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import AutoModel, PreTrainedModel
+from transformers import initialization as init
+from transformers.utils import ModelOutput
+
+from .blocks import RMSNorm
+from .cache import BlockDiffusionCache
+from .config import DiffusionGemmaConfig
+from .moe import Experts, Router
+from .stack import DiffusionGemmaTextStack
+from .validation import check_forward_inputs
+from ..generation.config import DiffusionGemmaGenerationConfig
+
+
+@dataclass
+class DiffusionGemmaOutput(ModelOutput):
+    """Output of `DiffusionGemmaForBlockDiffusion.forward`.
+
+    Attributes:
+        loss: training loss when `labels` are given.
+        logits: [B, L, V] fp32, soft-capped.
+        past_key_values: the `BlockDiffusionCache` holding the committed prefix.
+        hidden_states: decoder-mode hidden states per layer when `output_hidden_states=True`.
+        encoder_last_hidden_state: [B, P, H] post-norm encoder output when `input_ids` were given.
+    """
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    past_key_values: BlockDiffusionCache | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    encoder_last_hidden_state: torch.Tensor | None = None
+
+
+class _ScalarHolder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("layer_scalar", torch.ones(1))
+
+
+class _EncoderScalars(nn.Module):
+    """Holds `model.encoder.language_model.layers.i.layer_scalar`: the encoder-mode scalars are not tied (B.2)."""
+
+    def __init__(self, num_layers: int):
+        super().__init__()
+        self.layers = nn.ModuleList(_ScalarHolder() for _ in range(num_layers))
+
+
+class MultimodalEmbedder(nn.Module):
+    """Vision soft tokens -> text space: weightless RMSNorm then a projection (spec C.11)."""
+
+    def __init__(self, vision_hidden: int, text_hidden: int, eps: float):
+        super().__init__()
+        self.embedding_pre_projection_norm = RMSNorm(vision_hidden, eps, with_scale=False)
+        self.embedding_projection = nn.Linear(vision_hidden, text_hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embedding_projection(self.embedding_pre_projection_norm(x))
+
+
+class DiffusionGemmaEncoderParts(nn.Module):
+    """What only encoder mode has: the vision tower, its projector and the encoder-mode layer scalars."""
+
+    def __init__(self, config: DiffusionGemmaConfig):
+        super().__init__()
+        self.language_model = _EncoderScalars(config.text_config.num_hidden_layers)
+        self.vision_tower = AutoModel.from_config(config.vision_config)
+        vision_hidden = getattr(config.vision_config, "output_proj_dims", config.vision_config.hidden_size)
+        self.embed_vision = MultimodalEmbedder(
+            vision_hidden, config.text_config.hidden_size, config.vision_config.rms_norm_eps
+        )
+
+    def layer_scalars(self) -> list[torch.Tensor]:
+        return [holder.layer_scalar for holder in self.language_model.layers]
+
+
+class DiffusionGemmaModel(nn.Module):
+    """Container giving the checkpoint's `model.` prefix its two children."""
+
+    def __init__(self, config: DiffusionGemmaConfig):
+        super().__init__()
+        self.decoder = DiffusionGemmaTextStack(config.text_config)
+        self.encoder = DiffusionGemmaEncoderParts(config)
+
+
+class DiffusionGemmaPreTrainedModel(PreTrainedModel):
+    config_class = DiffusionGemmaConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["DiffusionGemmaLayer", "Gemma4VisionEncoderLayer"]
+    _supports_sdpa = True
+    _supports_flex_attn = False
+    _supports_attention_backend = False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        std = self.config.get_text_config().initializer_range
+        if isinstance(module, Router):
+            init.ones_(module.scale)
+            init.ones_(module.per_expert_scale)
+        elif isinstance(module, Experts):
+            init.normal_(module.gate_up_proj, mean=0.0, std=std)
+            init.normal_(module.down_proj, mean=0.0, std=std)
+        elif isinstance(module, RMSNorm) and module.weight is not None:
+            init.ones_(module.weight)
+        if isinstance(getattr(module, "layer_scalar", None), torch.Tensor):
+            init.ones_(module.layer_scalar)
+
+
+class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
+    """DiffusionGemma for block-autoregressive discrete diffusion.
+
+    `forward` runs an optional encoder pass (prompt -> cache) and one denoising pass over a canvas; `generate` runs the
+    whole block-diffusion loop (spec D). Loads any checkpoint of `google/diffusiongemma-26B-A4B-it` or written by
+    transformers' built-in class, and saves the same layout back.
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+    generation_config_class = DiffusionGemmaGenerationConfig
+
+    def __init__(self, config: DiffusionGemmaConfig):
+        super().__init__(config)
+        text = config.text_config
+        self.model = DiffusionGemmaModel(config)
+        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.post_init()
+
+    @property
+    def stack(self) -> DiffusionGemmaTextStack:
+        """The one text stack (lives at `model.decoder`)."""
+        return self.model.decoder
+
+    @property
+    def canvas_length(self) -> int:
+        return int(self.config.canvas_length)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.decoder.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.decoder.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    @property
+    def attention_backend(self) -> str:
+        backend = getattr(self.config, "_attn_implementation", None) or "sdpa"
+        return "eager" if backend == "eager" else "sdpa"
+
+    def new_cache(self) -> BlockDiffusionCache:
+        """An empty KV cache for `forward(..., past_key_values=...)` or `generate`."""
+        return self.model.decoder.new_cache()
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Post-norm hidden [B, L, H] -> logits [B, L, V] fp32, soft-capped in fp32 (spec C.8)."""
+        logits = self.lm_head(hidden).float()
+        cap = self.config.text_config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def encode(
+        self,
+        input_ids: torch.Tensor,
+        cache: BlockDiffusionCache,
+        keep: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        collect: list | None = None,
+    ) -> torch.Tensor:
+        """Encoder pass over input_ids [B, T]: writes T slots to `cache`; returns post-norm hidden [B, T, H]."""
+        stack = self.model.decoder
+        return stack.encode(
+            stack.embed_tokens(input_ids),
+            cache,
+            self.model.encoder.layer_scalars(),
+            keep=keep,
+            positions=positions,
+            backend=self.attention_backend,
+            collect=collect,
+        )
+
+    def denoise(
+        self,
+        canvas: torch.Tensor,
+        cache: BlockDiffusionCache,
+        soft_embeddings: torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        collect: list | None = None,
+    ) -> torch.Tensor:
+        """Decoder pass over canvas [B, L] reading `cache`; returns post-norm hidden [B, L, H] (no LM head)."""
+        return self.model.decoder.denoise(
+            canvas, cache, soft_embeddings, keep=keep, positions=positions, backend=self.attention_backend,
+            collect=collect,
+        )
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: BlockDiffusionCache | None = None,
+        position_ids: torch.LongTensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        self_conditioning_logits: torch.Tensor | None = None,
+        self_conditioning_mask: torch.BoolTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> DiffusionGemmaOutput:
+        """Optional encoder pass, then one denoising pass (spec C.12).
+
+        Args:
+            input_ids: [B, P] uncached prompt tokens; encoded into `past_key_values` (a new cache if None).
+            attention_mask: [B, P] or [B, S+P], 1 for real tokens, 0 for (left) padding.
+            past_key_values: a `BlockDiffusionCache` from an earlier call; required when `input_ids` is None.
+            position_ids: [1 or B, P] encoder positions; default: the cache slots.
+            decoder_input_ids: [B, L] canvas; default: uniform random tokens of length `config.canvas_length`.
+            self_conditioning_logits: [B, L, V] previous-step logits; None on the first step.
+            self_conditioning_mask: [B] bool; False rows get no self-conditioning.
+            decoder_attention_mask: [B, S] or [B, S+L] padding over the cache (canvas part must be 1). As in the
+                reference, the decoder only masks padding when this is given.
+            decoder_position_ids: [1 or B, L]; default: slots S..S+L-1.
+            labels: [B, L] clean canvas for the training loss (see `diffusiongemma.training`).
+            output_hidden_states: also return the decoder-mode hidden state after every layer.
+        Returns:
+            `DiffusionGemmaOutput` with `logits` [B, L, V] fp32.
+        """
+        if kwargs:
+            raise TypeError(f"forward() got unexpected keyword arguments: {sorted(kwargs)}")
+        if labels is not None:
+            from ..training.loss import block_diffusion_loss
+
+            return block_diffusion_loss(
+                self, input_ids=input_ids, attention_mask=attention_mask, labels=labels,
+                self_conditioning_mask=self_conditioning_mask,
+            )
+        text = self.config.text_config
+        inputs = check_forward_inputs(
+            vocab_size=text.vocab_size,
+            max_positions=text.max_position_embeddings,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            decoder_input_ids=decoder_input_ids,
+            self_conditioning_logits=self_conditioning_logits,
+            self_conditioning_mask=self_conditioning_mask,
+            decoder_attention_mask=decoder_attention_mask,
+            canvas_length=self.canvas_length,
+        )
+        cache = past_key_values if past_key_values is not None else self.new_cache()
+        encoder_hidden = None
+        if input_ids is not None:
+            encoder_hidden = self.encode(input_ids, cache, keep=inputs.encoder_keep, positions=position_ids)
+        canvas = decoder_input_ids
+        if canvas is None:
+            # spec C.12: a missing canvas is drawn uniformly from the global RNG
+            canvas = torch.randint(0, text.vocab_size, (inputs.batch, self.canvas_length), device=self.device)
+        soft = None
+        if self_conditioning_logits is not None:
+            soft = self.model.decoder.soft_embedding(self_conditioning_logits)  # [B, L, H]
+            if self_conditioning_mask is not None:
+                soft = soft * self_conditioning_mask.to(soft.dtype)[:, None, None]
+        collect = [] if output_hidden_states else None
+        hidden = self.denoise(
+            canvas, cache, soft, keep=inputs.decoder_keep, positions=decoder_position_ids, collect=collect
+        )
+        return DiffusionGemmaOutput(
+            logits=self.head(hidden),
+            past_key_values=cache,
+            hidden_states=tuple(collect) if collect is not None else None,
+            encoder_last_hidden_state=encoder_hidden,
+        )
+
+    def generate(self, input_ids: torch.LongTensor | None = None, **kwargs):
+        """Block-autoregressive denoising (spec D). See `diffusiongemma.generation.loop.generate` for arguments."""
+        from ..generation.loop import generate
+
+        return generate(self, input_ids, **kwargs)
+
+    def can_generate(self) -> bool:
+        return True

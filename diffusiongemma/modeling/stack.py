@@ -1,0 +1,111 @@
+"""The one text stack, used in two modes: `encode` (causal, writes the cache) and `denoise` (bidirectional canvas).
+
+Legend: B batch, T tokens of an encoder pass, L canvas length, S committed slots, H hidden, V vocab.
+"""
+
+import torch
+from torch import nn
+
+from .attention import PassContext
+from .blocks import RMSNorm, ScaledEmbedding, SelfConditioning
+from .cache import BlockDiffusionCache
+from .config import DiffusionGemmaTextConfig, encoder_is_causal, layer_shape
+from .layers import DiffusionGemmaLayer
+from .masks import build_decoder_masks, build_encoder_masks
+from .rope import rope_cos_sin, rope_inv_freq
+
+
+class DiffusionGemmaTextStack(nn.Module):
+    """Embeddings, the layers, the final norm and self-conditioning; shared by encoder and decoder mode.
+
+    It sits at `model.decoder` because the checkpoint stores the shared text weights under that prefix (spec B.2).
+    """
+
+    def __init__(self, config: DiffusionGemmaTextConfig):
+        super().__init__()
+        H, eps = config.hidden_size, config.rms_norm_eps
+        self.shapes = [layer_shape(config, i) for i in range(config.num_hidden_layers)]
+        self.type_shapes = {s.layer_type: s for s in self.shapes}  # one representative per layer type
+        self.causal_encoder = encoder_is_causal(config)
+        self.embed_tokens = ScaledEmbedding(config.vocab_size, H, config.pad_token_id)
+        self.layers = nn.ModuleList(DiffusionGemmaLayer(config, s) for s in self.shapes)
+        self.norm = RMSNorm(H, eps)
+        self.self_conditioning = SelfConditioning(H, config.intermediate_size, eps)
+
+    def new_cache(self) -> BlockDiffusionCache:
+        return BlockDiffusionCache(self.shapes)
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> dict:
+        """positions [B or 1, T] -> per layer type (cos, sin) [B or 1, T, D]."""
+        return {
+            t: rope_cos_sin(rope_inv_freq(s.rope, s.head_dim), positions, dtype) for t, s in self.type_shapes.items()
+        }
+
+    def _run(self, x: torch.Tensor, ctx: PassContext, scalars: list[torch.Tensor], collect: list | None) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, ctx, i, scalars[i])
+            if collect is not None:
+                collect.append(x)
+        return self.norm(x)
+
+    def encode(
+        self,
+        embeds: torch.Tensor,
+        cache: BlockDiffusionCache,
+        layer_scalars: list[torch.Tensor],
+        keep: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        backend: str = "sdpa",
+        collect: list | None = None,
+    ) -> torch.Tensor:
+        """Encoder mode: embeds [B, T, H] at slots [S, S+T), causal; writes the cache and advances it by T.
+
+        Args:
+            layer_scalars: the encoder-mode `layer_scalar` of every layer (a separate checkpoint buffer, spec B.2).
+            keep: [B, >= S+T] bool, False for padding slots; None for no padding.
+            positions: RoPE positions [B or 1, T]; defaults to the slots (left padding not compensated, spec C.10).
+        Returns:
+            post-norm hidden states [B, T, H].
+        """
+        B, T, _ = embeds.shape
+        S = cache.length
+        if positions is None:
+            positions = torch.arange(S, S + T, device=embeds.device)[None]
+        masks = build_encoder_masks(self.type_shapes, S, T, keep, self.causal_encoder, B, embeds.device)
+        ctx = PassContext(self._rope(positions, embeds.dtype), masks, cache, True, backend)
+        hidden = self._run(embeds, ctx, layer_scalars, collect)
+        cache.advance(T)
+        return hidden
+
+    def soft_embedding(self, self_conditioning_logits: torch.Tensor) -> torch.Tensor:
+        """[B, L, V] logits -> [B, L, H]: softmax in fp32, cast to the embedding dtype, times Emb * sqrt(H) (C.9)."""
+        probs = self_conditioning_logits.softmax(dim=-1, dtype=torch.float32)
+        return self.embed_tokens.soft(probs)
+
+    def denoise(
+        self,
+        canvas: torch.Tensor,
+        cache: BlockDiffusionCache,
+        soft_embeddings: torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        backend: str = "sdpa",
+        collect: list | None = None,
+    ) -> torch.Tensor:
+        """Decoder mode: canvas ids [B, L] at slots [S, S+L), bidirectional, reads the cache without committing.
+
+        Args:
+            soft_embeddings: self-conditioning input [B, L, H] (see `soft_embedding`), or None on the first step.
+            keep: [B, >= S] bool padding vector over the cached slots; None for no padding.
+        Returns:
+            post-norm hidden states [B, L, H].
+        """
+        B, L = canvas.shape
+        S = cache.length
+        if positions is None:
+            positions = torch.arange(S, S + L, device=canvas.device)[None]
+        x = self.self_conditioning(self.embed_tokens(canvas), soft_embeddings)  # [B, L, H]
+        masks = build_decoder_masks(self.type_shapes, S, L, keep, B, canvas.device)
+        ctx = PassContext(self._rope(positions, x.dtype), masks, cache, False, backend)
+        scalars = [layer.layer_scalar for layer in self.layers]
+        return self._run(x, ctx, scalars, collect)

@@ -1,0 +1,36 @@
+"""Sudoku building blocks: puzzle generation, solving, checking, rendering, and a character-level tokenizer."""
+
+from .puzzles import (
+    BLANK,
+    DIGITS,
+    count_solutions,
+    is_consistent,
+    is_solved,
+    is_valid_solution,
+    make_puzzle,
+    parse_puzzle,
+    random_solution,
+    read_puzzles,
+    render_grid,
+    solve,
+)
+from .tokenizer import VOCAB, decode_solution, encode_puzzle, sudoku_tokenizer
+
+__all__ = [
+    "BLANK",
+    "DIGITS",
+    "VOCAB",
+    "count_solutions",
+    "decode_solution",
+    "encode_puzzle",
+    "is_consistent",
+    "is_solved",
+    "is_valid_solution",
+    "make_puzzle",
+    "parse_puzzle",
+    "random_solution",
+    "read_puzzles",
+    "render_grid",
+    "solve",
+    "sudoku_tokenizer",
+]
