@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, logging
 
 from ..modeling.validation import check_token_ids, padding_vector
 from .config import resolve_generation_config
@@ -18,6 +18,23 @@ from .state import CanvasState
 from .stopping import StableAndConfidentStopper, eos_in_new_tokens, pad_after_eos
 
 MODEL_KWARGS = ("decoder_input_ids", "self_conditioning_logits")
+# Autoregressive sampling knobs that generic callers (the text-generation pipeline adds do_sample=True and
+# temperature=0.7 by default) pass along. Block diffusion always samples, with its own temperature schedule.
+AR_SAMPLING_KWARGS = ("do_sample", "temperature")
+
+logger = logging.get_logger(__name__)
+
+
+def check_ar_sampling_kwargs(rest: dict) -> None:
+    """do_sample=False is an error (there is no greedy block diffusion); temperature is superseded by t_min/t_max."""
+    if rest.get("do_sample") is False:
+        raise ValueError("`do_sample=False` is not supported: block diffusion always samples; lower `t_min`/`t_max` "
+                         "for more deterministic output")
+    if rest.get("temperature") is not None:
+        logger.warning_once(
+            "`temperature` is not used by block diffusion, which follows its own linear schedule from `t_max` to "
+            "`t_min`; pass those instead."
+        )
 
 
 @dataclass
@@ -164,7 +181,8 @@ def generate(
     V, L = text.vocab_size, model.canvas_length
     # 0. resolve and validate everything once; nothing below reads **kwargs
     config, rest, explicit = resolve_generation_config(model.generation_config, generation_config, kwargs)
-    unknown = sorted(set(rest) - set(MODEL_KWARGS))
+    check_ar_sampling_kwargs(rest)
+    unknown = sorted(set(rest) - set(MODEL_KWARGS) - set(AR_SAMPLING_KWARGS))
     if unknown:
         raise ValueError(f"generate() got unknown keyword arguments {unknown}; expected generation config fields "
                          f"or one of {list(MODEL_KWARGS)}")

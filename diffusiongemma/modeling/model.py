@@ -24,6 +24,7 @@ from .config import DiffusionGemmaConfig
 from .moe import Experts, Router
 from .stack import DiffusionGemmaTextStack
 from .validation import check_forward_inputs
+from .weights import checkpoint_keys, key_mapping_for, loading_problems
 from ..generation.config import DiffusionGemmaGenerationConfig
 
 
@@ -300,5 +301,36 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
 
         return generate(self, input_ids, **kwargs)
 
-    def can_generate(self) -> bool:
+    @classmethod
+    def can_generate(cls) -> bool:
         return True
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs):
+        """transformers' `from_pretrained` (dtype, device_map, sharded safetensors, quantization_config, ...), plus:
+
+        * checkpoints with the text weights under `model.encoder.language_model.*` are renamed on the fly;
+        * `strict=True` (default): missing, mis-shaped or unexpected weights raise a ValueError naming the keys
+          instead of being silently initialized at random.
+        """
+        if "key_mapping" not in kwargs:
+            mapping = key_mapping_for(checkpoint_keys(str(pretrained_model_name_or_path)))
+            if mapping is not None:
+                kwargs["key_mapping"] = mapping
+        want_info = kwargs.pop("output_loading_info", False)
+        try:
+            model, info = super().from_pretrained(
+                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+            )
+        except RuntimeError as err:
+            if "size mismatch" in str(err) or "shape" in str(err):
+                raise ValueError(f"checkpoint {pretrained_model_name_or_path} does not fit this config: {err}") from err
+            raise
+        problems = loading_problems(info)
+        if strict and problems:
+            raise ValueError(
+                f"checkpoint {pretrained_model_name_or_path} does not match DiffusionGemmaForBlockDiffusion: "
+                + "; ".join(problems) + " (pass strict=False to load anyway)"
+            )
+        model._weight_conversions = None  # always save the usual layout, whatever layout was loaded
+        return (model, info) if want_info else model

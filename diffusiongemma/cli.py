@@ -1,0 +1,165 @@
+"""The `diffusiongemma` command line.
+
+    diffusiongemma generate --model PATH "prompt"      generate text with a checkpoint folder
+    diffusiongemma sudoku [--puzzle P | --puzzles F | --eval N] [--json]
+    diffusiongemma train sudoku --out DIR
+    diffusiongemma quantize --scheme fp8-dynamic|nvfp4 SRC DST
+
+Each command lives in its own `add_*_command(subparsers)` function; `main` wires them together.
+"""
+
+import argparse
+import sys
+
+
+def _dtype(name: str):
+    import torch
+
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16, "auto": "auto"}
+    if name not in table:
+        raise argparse.ArgumentTypeError(f"--dtype must be one of {sorted(table)}, got {name!r}")
+    return table[name]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_generate_command(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generate",
+        help="generate text from a prompt with a DiffusionGemma checkpoint folder",
+        description="Generate text by block diffusion. The tokenizer is read from the same folder as the model.",
+    )
+    p.add_argument("prompt", help="the prompt text")
+    p.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors, tokenizer files)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=None,
+                   help="new tokens to generate (rounded up to whole canvases); default: the checkpoint's setting")
+    p.add_argument("--steps", type=_positive_int, default=None,
+                   help="maximum denoising steps per canvas (max_denoising_steps); default: the checkpoint's")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--dtype", type=_dtype, default="auto", help="float32, bfloat16, float16 or auto (default)")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
+    p.add_argument("--show-drafts", action="store_true",
+                   help="redraw the canvas in the terminal at every denoising step to watch it converge")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=run_generate)
+
+
+def run_generate(args) -> int:
+    import torch
+    from transformers import AutoTokenizer
+
+    from .generation.streamers import CanvasPrinter
+    from .modeling import DiffusionGemmaForBlockDiffusion
+
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.model, dtype=args.dtype).to(args.device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    if args.chat:
+        if not getattr(tokenizer, "chat_template", None):
+            print(f"error: --chat needs a chat template, and the tokenizer in {args.model} has none", file=sys.stderr)
+            return 2
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_tensors="pt",
+            return_dict=True,
+        )["input_ids"]
+    else:
+        ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+    ids = ids.to(args.device)
+    overrides = {}
+    if args.max_new_tokens is not None:
+        overrides["max_new_tokens"] = args.max_new_tokens
+    if args.steps is not None:
+        overrides["max_denoising_steps"] = args.steps
+    max_new = args.max_new_tokens or model.generation_config.max_new_tokens or 256
+    canvases = -(-max_new // model.canvas_length)
+    printer = CanvasPrinter(
+        tokenizer, show_drafts=args.show_drafts, progress=not args.quiet, total_canvases=canvases,
+        skip_special_tokens=True,
+    )
+    progress = _ProgressLine(canvases, enabled=not args.quiet and not args.show_drafts)
+    torch.manual_seed(args.seed)
+    out = model.generate(ids, streamer=_Tee(printer, progress), **overrides)
+    if not args.quiet:
+        tpf = out.tokens_per_forward.tolist() if hasattr(out, "tokens_per_forward") else []
+        print(f"[{canvases} canvas(es) max, tokens per forward: {', '.join(f'{t:.2f}' for t in tpf)}]",
+              file=sys.stderr)
+    return 0
+
+
+class _ProgressLine:
+    """"canvas k/n, step s" on stderr, rewritten in place."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.canvas, self.step = total, enabled, 0, 0
+
+    def put_draft(self, value=None, logits=None):
+        self.step += 1
+        if self.enabled:
+            print(f"\r[canvas {self.canvas + 1}/{self.total}, step {self.step}]", end="", file=sys.stderr, flush=True)
+
+    def put(self, value):
+        if self.step:
+            self.canvas += 1
+            self.step = 0
+
+    def end(self):
+        if self.enabled:
+            print("\r\x1b[K", end="", file=sys.stderr, flush=True)
+
+
+class _Tee:
+    """Fan one generate stream out to several streamers."""
+
+    def __init__(self, *streamers):
+        self.streamers = streamers
+
+    def put(self, value):
+        for s in self.streamers:
+            s.put(value)
+
+    def put_draft(self, value=None, logits=None):
+        for s in self.streamers:
+            s.put_draft(value=value, logits=logits)
+
+    def end(self):
+        for s in self.streamers:
+            s.end()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="diffusiongemma",
+        description="DiffusionGemma block-diffusion language model: generate text, solve Sudoku with the bundled "
+        "demo model, train it, and quantize checkpoints. Run `diffusiongemma COMMAND --help` for details.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_generate_command(subparsers)
+    for module, name in (("sudoku.cli", "add_sudoku_commands"), ("quantization.cli", "add_quantize_command")):
+        try:
+            mod = __import__(f"diffusiongemma.{module}", fromlist=[name])
+        except ModuleNotFoundError:
+            continue
+        getattr(mod, name)(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
