@@ -305,6 +305,22 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
     def can_generate(cls) -> bool:
         return True
 
+    def adjust_generation_fn(self, generation_config=None, from_auto_class=False, from_pipeline=None,
+                             pretrained_model_name_or_path=None, **repo_kwargs) -> None:
+        """Called by `from_pretrained`: read `generation_config.json` into our generation config class."""
+        if generation_config is not None:
+            self.generation_config = DiffusionGemmaGenerationConfig.from_dict(generation_config.to_dict())
+            return
+        if pretrained_model_name_or_path is None:
+            return
+        allowed = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision", "subfolder")
+        try:
+            self.generation_config = DiffusionGemmaGenerationConfig.from_pretrained(
+                pretrained_model_name_or_path, **{k: v for k, v in repo_kwargs.items() if k in allowed}
+            )
+        except OSError:  # no generation_config.json: keep the defaults of spec A.5
+            pass
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs):
         """transformers' `from_pretrained` (dtype, device_map, sharded safetensors, quantization_config, ...), plus:
@@ -318,14 +334,14 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
             if mapping is not None:
                 kwargs["key_mapping"] = mapping
         want_info = kwargs.pop("output_loading_info", False)
-        try:
-            model, info = super().from_pretrained(
-                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
-            )
-        except RuntimeError as err:
-            if "size mismatch" in str(err) or "shape" in str(err):
-                raise ValueError(f"checkpoint {pretrained_model_name_or_path} does not fit this config: {err}") from err
-            raise
+        allow_mismatch = kwargs.pop("ignore_mismatched_sizes", False)
+        # Load with mismatches reported rather than raised, so the error below can name every offending key.
+        model, info = super().from_pretrained(
+            pretrained_model_name_or_path, *model_args, output_loading_info=True, ignore_mismatched_sizes=True,
+            **kwargs,
+        )
+        if allow_mismatch:
+            info = {**info, "mismatched_keys": set()}
         problems = loading_problems(info)
         if strict and problems:
             raise ValueError(

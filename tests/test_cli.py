@@ -1,0 +1,65 @@
+"""The command line: help for every command, generate with every documented flag, clear argument errors."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import tiny_tokenizer
+from diffusiongemma import DiffusionGemmaForBlockDiffusion
+from diffusiongemma.cli import build_parser, main
+
+
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "generate" in out
+
+
+def test_generate_help_explains_flags(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--model", "--max-new-tokens", "--steps", "--seed", "--dtype", "--chat", "--show-drafts"):
+        assert flag in out
+
+
+def test_generate_prints_the_same_text_as_generate(saved_pair, capsys):
+    path, _, _ = saved_pair
+    assert main(["generate", "--model", str(path), "--max-new-tokens", "16", "--steps", "3", "--seed", "7",
+                 "--quiet", "hello"]) == 0
+    printed = capsys.readouterr().out
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(path)
+    tok = tiny_tokenizer()
+    torch.manual_seed(7)
+    out = model.generate(tok("hello", return_tensors="pt")["input_ids"], max_new_tokens=16, max_denoising_steps=3)
+    assert printed.strip() == tok.decode(out.sequences[0, 5:], skip_special_tokens=True).strip()
+
+
+def test_generate_chat_show_drafts_and_progress(saved_pair, capsys):
+    path, _, _ = saved_pair
+    assert main(["generate", "--model", str(path), "--max-new-tokens", "32", "--steps", "2", "--chat",
+                 "--show-drafts", "--dtype", "float32", "hi"]) == 0
+    captured = capsys.readouterr()
+    assert "[canvas 1/2, step 1]" in captured.out
+    assert "tokens per forward" in captured.err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "--model", "x", "--steps", "0", "p"], "expected a positive integer"),
+    (["generate", "--model", "x", "--dtype", "float8", "p"], "--dtype must be one of"),
+    (["generate", "p"], "--model"),
+])
+def test_bad_arguments_exit_with_a_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_console_script_runs():
+    out = subprocess.run([sys.executable, "-m", "diffusiongemma.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "diffusiongemma" in out.stdout
