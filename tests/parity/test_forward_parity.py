@@ -88,3 +88,19 @@ def test_encoder_hidden_state_matches(models):
         builtin(input_ids=ids, decoder_input_ids=canvas).encoder_last_hidden_state,
         ours(input_ids=ids, decoder_input_ids=canvas).encoder_last_hidden_state,
     )
+
+
+@torch.no_grad()
+def test_eager_backend_matches(tmp_path):
+    from diffusiongemma import DiffusionGemmaForBlockDiffusion
+
+    builtin, _ = pair(tmp_path)
+    eager = DiffusionGemmaForBlockDiffusion.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert eager.attention_backend == "eager"
+    ids = torch.randint(3, 128, (2, 14))
+    mask = torch.ones(2, 14, dtype=torch.long)
+    mask[0, :5] = 0
+    canvas = torch.randint(0, 128, (2, 16))
+    dec_mask = torch.cat([mask, torch.ones(2, 16, dtype=torch.long)], dim=1)
+    kwargs = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=canvas, decoder_attention_mask=dec_mask)
+    close(builtin(**kwargs).logits, eager(**kwargs).logits)
