@@ -88,3 +88,34 @@ class BlockDiffusionCache:
             for i, buf in enumerate(store):
                 if buf is not None:
                     store[i] = buf[rows]
+
+
+class RecordingLayerCache:
+    """Stand-in for one layer's cache inside an activation-checkpointed layer.
+
+    Under checkpointing a layer runs twice (forward, then the recompute in backward), but the cache must be written
+    once. This view reads a fixed prefix (the real cache's keys/values captured before the layer ran) and records the
+    layer's write instead of storing it; the caller commits the recorded keys/values to the real cache once. A fresh
+    view per run makes the recompute see exactly what the first run saw.
+
+    Args:
+        prefix_keys, prefix_values: [B, K, >= S, D] the real cache's buffers for this layer, or None when empty.
+        length: committed slots S at capture time.
+    """
+
+    def __init__(self, prefix_keys: torch.Tensor | None, prefix_values: torch.Tensor | None, length: int):
+        self.prefix_keys, self.prefix_values = prefix_keys, prefix_values
+        self.length = length
+        self.keys: torch.Tensor | None = None  # [B, K, S+T, D] after `write`
+        self.values: torch.Tensor | None = None
+
+    def write(
+        self, layer: int, key: torch.Tensor, value: torch.Tensor, kv_start: int, persist: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Same contract as `BlockDiffusionCache.write`, always functional (torch.cat)."""
+        keys, values = key, value
+        if self.prefix_keys is not None and self.length:
+            keys = torch.cat([self.prefix_keys[:, :, : self.length], key], dim=2)
+            values = torch.cat([self.prefix_values[:, :, : self.length], value], dim=2)
+        self.keys, self.values = keys, values
+        return keys[:, :, kv_start:], values[:, :, kv_start:]

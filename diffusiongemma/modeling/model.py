@@ -133,6 +133,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
 
     _tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
     generation_config_class = DiffusionGemmaGenerationConfig
+    accepts_loss_kwargs = False  # the loss normalizes itself; Trainer must not pass `num_items_in_batch`
 
     def __init__(self, config: DiffusionGemmaConfig):
         super().__init__(config)

@@ -3,12 +3,14 @@
 Legend: B batch, T tokens of an encoder pass, L canvas length, S committed slots, H hidden, V vocab.
 """
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
 from .attention import PassContext
 from .blocks import RMSNorm, ScaledEmbedding, SelfConditioning
-from .cache import BlockDiffusionCache
+from .cache import BlockDiffusionCache, RecordingLayerCache
 from .config import DiffusionGemmaTextConfig, encoder_is_causal, layer_shape
 from .layers import DiffusionGemmaLayer
 from .masks import build_decoder_masks, build_encoder_masks
@@ -31,6 +33,8 @@ class DiffusionGemmaTextStack(nn.Module):
         self.layers = nn.ModuleList(DiffusionGemmaLayer(config, s) for s in self.shapes)
         self.norm = RMSNorm(H, eps)
         self.self_conditioning = SelfConditioning(H, config.intermediate_size, eps)
+        self.gradient_checkpointing = False  # set by `model.gradient_checkpointing_enable()`
+        self._gradient_checkpointing_func = None
 
     def new_cache(self) -> BlockDiffusionCache:
         return BlockDiffusionCache(self.shapes)
@@ -42,11 +46,32 @@ class DiffusionGemmaTextStack(nn.Module):
         }
 
     def _run(self, x: torch.Tensor, ctx: PassContext, scalars: list[torch.Tensor], collect: list | None) -> torch.Tensor:
+        checkpointing = self.gradient_checkpointing and torch.is_grad_enabled()
         for i, layer in enumerate(self.layers):
-            x = layer(x, ctx, i, scalars[i])
+            x = self._checkpointed_layer(x, ctx, i, scalars[i]) if checkpointing else layer(x, ctx, i, scalars[i])
             if collect is not None:
                 collect.append(x)
         return self.norm(x)
+
+    def _checkpointed_layer(self, x: torch.Tensor, ctx: PassContext, i: int, scalar: torch.Tensor) -> torch.Tensor:
+        """Layer i under activation checkpointing, writing the cache exactly once.
+
+        The layer writes into a `RecordingLayerCache` built inside the checkpointed function from the prefix captured
+        now, so the backward recompute reads the same prefix and its write is thrown away. The prefix tensors are
+        explicit checkpoint inputs, so gradients reach earlier cache writes under reentrant checkpointing too.
+        """
+        cache, length = ctx.cache, ctx.cache.length
+        prefix = () if cache.keys[i] is None else (cache.keys[i], cache.values[i])
+
+        def run(x, *prefix):
+            view = RecordingLayerCache(*(prefix or (None, None)), length)
+            out = self.layers[i](x, replace(ctx, cache=view), i, scalar)
+            return out, view.keys, view.values
+
+        out, keys, values = self._gradient_checkpointing_func(run, x, *prefix)
+        if ctx.persist:  # encoder mode: the one write of this pass
+            cache.keys[i], cache.values[i] = keys, values
+        return out
 
     def encode(
         self,
