@@ -85,7 +85,7 @@ def run_generate(args) -> int:
         tokenizer, show_drafts=args.show_drafts, progress=not args.quiet, total_canvases=canvases,
         skip_special_tokens=True,
     )
-    progress = _ProgressLine(canvases, enabled=not args.quiet and not args.show_drafts)
+    progress = _ProgressLine(canvases, model.canvas_length, enabled=not args.quiet and not args.show_drafts)
     torch.manual_seed(args.seed)
     out = model.generate(ids, streamer=_Tee(printer, progress), **overrides)
     if not args.quiet:
@@ -96,20 +96,32 @@ def run_generate(args) -> int:
 
 
 class _ProgressLine:
-    """"canvas k/n, step s" on stderr, rewritten in place."""
+    """"canvas k/n, step s, tokens/forward t" on stderr, rewritten in place.
 
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled, self.canvas, self.step = total, enabled, 0, 0
+    tokens/forward is the committed tokens per denoising pass so far (canvas length x canvases / passes).
+    """
+
+    def __init__(self, total: int, canvas_length: int, enabled: bool):
+        self.total, self.canvas_length, self.enabled = total, canvas_length, enabled
+        self.canvas, self.step, self.passes = 0, 0, 0
+
+    def _show(self) -> None:
+        if not self.enabled:
+            return
+        rate = f", tokens/forward {self.canvas * self.canvas_length / self.passes:.2f}" if self.passes else ""
+        print(f"\r\x1b[K[canvas {min(self.canvas + 1, self.total)}/{self.total}, step {self.step}{rate}]", end="",
+              file=sys.stderr, flush=True)
 
     def put_draft(self, value=None, logits=None):
         self.step += 1
-        if self.enabled:
-            print(f"\r[canvas {self.canvas + 1}/{self.total}, step {self.step}]", end="", file=sys.stderr, flush=True)
+        self._show()
 
     def put(self, value):
-        if self.step:
+        if self.step:  # a committed canvas (the first put is the prompt)
             self.canvas += 1
+            self.passes += self.step
             self.step = 0
+            self._show()
 
     def end(self):
         if self.enabled:

@@ -63,3 +63,10 @@ def test_bad_arguments_exit_with_a_message(argv, message, capsys):
 def test_console_script_runs():
     out = subprocess.run([sys.executable, "-m", "diffusiongemma.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "diffusiongemma" in out.stdout
+
+
+def test_progress_line_shows_canvas_step_and_rate(saved_pair, capsys):
+    path, _, _ = saved_pair
+    assert main(["generate", "--model", str(path), "--max-new-tokens", "32", "--steps", "2", "x"]) == 0
+    err = capsys.readouterr().err
+    assert "[canvas 1/2, step 1]" in err and "[canvas 2/2, step 1, tokens/forward" in err
