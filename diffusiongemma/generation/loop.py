@@ -13,7 +13,7 @@ from transformers.utils import ModelOutput, logging
 
 from ..modeling.validation import check_token_ids, padding_vector
 from .config import resolve_generation_config
-from .sampler import apply_temperature, make_sampler, temperature_at, token_entropy
+from .sampler import apply_temperature_, make_sampler, row_generators, temperature_at
 from .state import CanvasState
 from .stopping import StableAndConfidentStopper, eos_in_new_tokens, pad_after_eos
 
@@ -76,6 +76,18 @@ def generated_length(config, cur_len: int, explicit: set) -> tuple[int, int]:
     return config.max_new_tokens + cur_len, config.max_new_tokens
 
 
+def soft_embedder(stack, exact_reference: bool):
+    """The self-conditioning input built from a step's softmax probabilities, or None when it must come from the
+    logits instead.
+
+    Reference mode reuses the sampler's fp32 probabilities only with fp32 embeddings, where the built-in's
+    softmax(logits.to(embedding dtype)) is the very same tensor; fast mode always does (like vLLM, spec E).
+    """
+    if exact_reference and stack.embed_tokens.weight.dtype != torch.float32:
+        return None
+    return stack.embed_tokens.soft
+
+
 def denoise_step(
     model,
     state: CanvasState,
@@ -88,25 +100,51 @@ def denoise_step(
     cache,
     keep: torch.Tensor | None,
     finished_sequences: torch.Tensor,
+    skip_finished: bool,
 ) -> tuple[CanvasState, torch.Tensor]:
-    """One denoising step (spec D.4a-i). Returns the new state and the tempered logits [B, L, V]."""
-    # a. count a pass for every row still working
-    passes = state.forward_passes + (~(state.finished_denoising | finished_sequences)).int()
-    # b. decoder + head
-    logits = model.head(model.denoise(state.canvas, cache, state.soft, keep=keep))  # [B, L, V] fp32
-    # c. user processors first (they get 3-D scores), then the temperature schedule
-    if processors:
-        logits = processors(sequences, logits, cur_step=torch.tensor(steps_remaining, dtype=torch.int32))
-    logits = apply_temperature(logits, temperature_at(steps_remaining, settings.max_steps, settings.t_min, settings.t_max))
-    # d-g. sample, accept under the entropy budget, re-noise the rest
-    entropy = token_entropy(logits)  # [B, L], shared by acceptance and stopping
-    canvas, _ = sampler.step(logits, entropy, state.canvas)
-    argmax = logits.argmax(dim=-1)  # [B, L]
+    """One denoising step (spec D.4a-i). Returns the new state and the tempered logits of the rows that ran [B', L, V].
+
+    With `skip_finished` (fast mode) the LM head, the sampler and self-conditioning run only for rows still
+    denoising; reference mode runs every row, because the built-in draws random numbers for all of them.
+    """
     stack = model.model.decoder
-    soft = stack.soft_embedding(logits.to(stack.embed_tokens.weight.dtype))  # [B, L, H]
+    # a. count a pass for every row still working
+    working = ~(state.finished_denoising | finished_sequences)  # [B]
+    passes = state.forward_passes + working.int()
+    rows = working.nonzero().view(-1) if skip_finished else None
+    # b. decoder (every row: they share the cache) + LM head (only the rows that sample)
+    hidden = model.denoise(state.canvas, cache, state.soft, keep=keep)  # [B, L, H]
+    logits = model.head(hidden if rows is None else hidden[rows])  # [B', L, V] fp32
+    # c. user processors first (they get 3-D scores), then the temperature schedule, in place
+    if processors:
+        seen = sequences if rows is None else sequences[rows]
+        logits = processors(seen, logits, cur_step=torch.tensor(steps_remaining, dtype=torch.int32))
+    logits = apply_temperature_(
+        logits, temperature_at(steps_remaining, settings.max_steps, settings.t_min, settings.t_max)
+    )
+    # d-g. one pass over the logits: argmax, entropy, sample (RNG), accept, re-noise (RNG), self-conditioning input
+    soft_embed = soft_embedder(stack, exact_reference=not skip_finished)
+    out = sampler.step(logits, rows, soft_embed)
+    soft = out.soft
+    if soft is None:
+        soft = stack.soft_embedding(logits.to(stack.embed_tokens.weight.dtype))  # [B, L, H]
+    canvas, argmax, entropy = out.canvas, out.argmax, out.entropy
+    if rows is not None:  # scatter the working rows back; the others keep what they had
+        canvas, argmax = state.canvas.clone(), state.argmax_canvas.clone()
+        canvas[rows], argmax[rows] = out.canvas, out.argmax
+        entropy = torch.full(argmax.shape, float("inf"), device=argmax.device)
+        entropy[rows] = out.entropy
+        if state.soft is not None:
+            full = state.soft.clone()
+            full[rows] = soft.to(full.dtype)
+            soft = full
+        elif len(rows) < len(working):
+            full = soft.new_zeros(len(working), *soft.shape[1:])
+            full[rows] = soft
+            soft = full
     # h. rows that already stopped keep their canvas, argmax and self-conditioning
     done = state.finished_denoising
-    if state.soft is not None and bool(done.any()):
+    if rows is None and state.soft is not None and bool(done.any()):
         argmax = torch.where(done[:, None], state.argmax_canvas, argmax)
         canvas = torch.where(done[:, None], state.canvas, canvas)
         soft = torch.where(done[:, None, None], state.soft, soft)
@@ -157,6 +195,8 @@ def generate(
     stopping_criteria: StoppingCriteriaList | None = None,
     past_key_values=None,
     sampling: str = "reference",
+    seed: int | list[int] | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
     **kwargs,
 ):
     """Generate whole canvases by block-autoregressive denoising.
@@ -170,7 +210,12 @@ def generate(
         logits_processor / stopping_criteria: extra processors (applied before the temperature schedule, on 3-D
             scores) and extra criteria (called after every canvas with `new_token_length=L`).
         past_key_values: a `BlockDiffusionCache` holding an earlier prefix; `input_ids` continue it.
-        sampling: "reference" draws random numbers exactly like transformers' built-in `generate`.
+        sampling: "reference" draws random numbers exactly like transformers' built-in `generate` (global RNG);
+            "fast" draws from the same distributions with far less work and one generator per row, and skips the LM
+            head and sampler for rows that stopped denoising, so a row's output does not depend on the rest of the
+            batch (for rows of equal prompt length: left padding shifts positions, spec C.10).
+        seed: fast mode only: an int (row b uses seed + b) or one int per row.
+        generator: fast mode only: a `torch.Generator` (per-row seeds are drawn from it) or one per row.
         **kwargs: generation config fields (max_new_tokens, max_denoising_steps, t_min, ...) override the config;
             `decoder_input_ids` [B, L] and `self_conditioning_logits` [B, L, V] seed the first canvas.
     Returns:
@@ -217,7 +262,12 @@ def generate(
     eos = config.eos_token_id
     eos_ids = torch.tensor(eos if isinstance(eos, (list, tuple)) else [eos], device=device) if eos is not None else None
     settings = StepSettings(config.max_denoising_steps, config.t_min, config.t_max)
-    sampler = make_sampler(sampling, config.sampler_config.entropy_bound, V)
+    fast = sampling == "fast"
+    if not fast and (seed is not None or generator is not None):
+        raise ValueError("`seed` and `generator` apply to sampling='fast'; reference mode draws from the global RNG "
+                         "like the built-in class (use torch.manual_seed)")
+    generators = row_generators(B, device, seed, generator) if fast else None
+    sampler = make_sampler(sampling, config.sampler_config.entropy_bound, V, generators)
     stopper = StableAndConfidentStopper(config.stability_threshold, config.confidence_threshold)
     processors = LogitsProcessorList(logits_processor) if logits_processor else None
     user_criteria = StoppingCriteriaList(stopping_criteria) if stopping_criteria else None
@@ -231,18 +281,23 @@ def generate(
         # 1. encoder: the prompt first, then the canvas committed last round (writes the cache)
         model.encode(sequences if c == 0 else sequences[:, -L:], cache, keep=keep)
         # 3. a fresh noise canvas; the draw happens even when the caller seeds the first canvas (pitfall H.9)
-        canvas = sampler.init_canvas(B, L, device)
+        if fast:  # rows that finished their sequence draw nothing and are frozen for the whole canvas
+            canvas = torch.zeros(B, L, dtype=torch.long, device=device)
+            canvas[~finished] = sampler.init_canvas(B, L, device, rows=(~finished).nonzero().view(-1))
+        else:
+            canvas = sampler.init_canvas(B, L, device)
         soft = None
         if c == 0 and decoder_input_ids is not None:
             canvas = decoder_input_ids
         if c == 0 and sc_logits is not None:
             soft = stack.soft_embedding(sc_logits.to(stack.embed_tokens.weight.dtype))
-        state = CanvasState(canvas, canvas, soft, torch.zeros(B, dtype=torch.bool, device=device), passes)
+        state = CanvasState(canvas, canvas, soft, finished.clone() if fast else torch.zeros_like(finished), passes)
         stopper.reset(B)
         # 4. denoise, counting the steps remaining N..1
         for steps_remaining in range(settings.max_steps, 0, -1):
             state, logits = denoise_step(
-                model, state, steps_remaining, settings, sampler, stopper, processors, sequences, cache, keep, finished
+                model, state, steps_remaining, settings, sampler, stopper, processors, sequences, cache, keep, finished,
+                skip_finished=fast,
             )
             if streamer is not None and hasattr(streamer, "put_draft"):
                 if getattr(streamer, "_takes_logits", False):

@@ -1,12 +1,21 @@
-"""Sampler math (spec D.4c-g) as pure functions, and the samplers built from them.
+"""Sampler math (spec D.4c-g) as pure functions, and the two samplers built from them.
 
 Reference mode draws random numbers with the same torch calls, shapes and order as transformers' built-in `generate`
 (global RNG): per canvas one `randint(B, L)`; per step one `multinomial` over B*L rows, then one `randint(B, L)`.
 
-Legend: B batch, L canvas length, V vocab.
+Fast mode draws from the same distributions with far less work: one uniform per position against the CDF instead of
+V exponentials, every quantity (argmax, entropy, sample, self-conditioning probabilities) from one exp pass over a
+cache-sized block of rows, and one `torch.Generator` per row, so a row's draws never depend on the rest of the batch.
+
+Both walk the [B*L, V] logits in blocks of rows (`row_block`): every per-row op gives the same bits on a block as on the
+whole tensor, and `multinomial` (exponential noise drawn serially) consumes the global RNG identically, so blocking
+keeps reference mode exact while temporaries stay a few MB instead of extra [B, L, V] buffers.
+
+Legend: B batch, L canvas length, V vocab, N = B*L flattened positions, R rows in a block, H hidden.
 """
 
-from typing import Protocol
+import math
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 
@@ -25,11 +34,25 @@ def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.
     return logits / temperature.to(logits.device)
 
 
+def apply_temperature_(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """In place [B, L, V] / T (same bits as `apply_temperature`, no new buffer)."""
+    return logits.div_(temperature.to(logits.device))
+
+
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of Categorical(logits) per position, [B, L, V] -> [B, L], computed as torch.distributions does."""
+    """Entropy of Categorical(logits) per position, [..., V] -> [...], computed as torch.distributions does.
+
+    Example: logits [0, 0] -> p = (1/2, 1/2) -> H = ln 2 = 0.6931; logits [0, -inf] -> H = 0 (the clamp turns
+    0 * -inf into 0 * finfo.min = 0).
+    """
     log_p = logits - logits.logsumexp(dim=-1, keepdim=True)
     p = log_p.softmax(dim=-1)
-    return -(log_p.clamp(min=torch.finfo(log_p.dtype).min) * p).sum(dim=-1)
+    return -(log_p.clamp_(min=torch.finfo(log_p.dtype).min).mul_(p)).sum(dim=-1)
+
+
+def row_block(vocab_size: int, target_bytes: int = 4 << 20) -> int:
+    """Rows of fp32 logits per block so that one block is about `target_bytes` (stays in cache)."""
+    return max(1, target_bytes // (4 * vocab_size))
 
 
 def entropy_bound_accept(entropy: torch.Tensor, bound: float) -> torch.Tensor:
@@ -49,14 +72,121 @@ def renoise(sample: torch.Tensor, accepted: torch.Tensor, noise: torch.Tensor) -
     return torch.where(accepted, sample, noise)
 
 
-class Sampler(Protocol):
-    def init_canvas(self, batch: int, length: int, device: torch.device) -> torch.Tensor:
-        """A fresh noise canvas [B, L]."""
+def blocked_multinomial(probs: torch.Tensor, rows_per_block: int) -> torch.Tensor:
+    """`torch.multinomial(probs, 1)` over [N, V] one block of rows at a time -> [N].
 
-    def step(
-        self, logits: torch.Tensor, entropy: torch.Tensor, canvas: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [B, L, V] (temperature applied), entropy [B, L] -> (new canvas [B, L], accepted [B, L])."""
+    Same samples and the same global-RNG consumption as one call on the whole tensor (checked by
+    `multinomial_is_blockwise`), without its [N, V] noise buffer.
+    """
+    out = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
+    for a in range(0, probs.shape[0], rows_per_block):
+        out[a : a + rows_per_block] = torch.multinomial(probs[a : a + rows_per_block], 1).view(-1)
+    return out
+
+
+_BLOCKWISE_MULTINOMIAL: dict = {}
+
+
+def multinomial_is_blockwise(device: torch.device) -> bool:
+    """True if multinomial on row blocks reproduces one whole-tensor call on `device` (samples and RNG state).
+
+    PyTorch draws one sample per row as argmax(p / Exp(1) noise) with the noise generated serially, which makes
+    blocking exact; this probe guards against a version or device where that is not so (then we do not block).
+    """
+    key = str(device)
+    if key not in _BLOCKWISE_MULTINOMIAL:
+        g = torch.Generator(device=device).manual_seed(0)
+        probs = torch.rand(6, 50, generator=g, device=device).softmax(-1)
+        state = torch.random.get_rng_state() if device.type == "cpu" else torch.cuda.get_rng_state(device)
+        whole = torch.multinomial(probs, 1).view(-1)
+        after_whole = torch.random.get_rng_state() if device.type == "cpu" else torch.cuda.get_rng_state(device)
+        set_state = torch.random.set_rng_state if device.type == "cpu" else (
+            lambda s: torch.cuda.set_rng_state(s, device))
+        set_state(state)
+        blocked = blocked_multinomial(probs, 4)
+        after_blocked = torch.random.get_rng_state() if device.type == "cpu" else torch.cuda.get_rng_state(device)
+        set_state(state)  # the probe leaves the global RNG untouched
+        _BLOCKWISE_MULTINOMIAL[key] = torch.equal(whole, blocked) and torch.equal(after_whole, after_blocked)
+    return _BLOCKWISE_MULTINOMIAL[key]
+
+
+def blocked_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows_per_block: int) -> torch.Tensor:
+    """Apply a per-row function to [N, V] one block of rows at a time and concatenate (bit-identical to fn(x))."""
+    return torch.cat([fn(x[a : a + rows_per_block]) for a in range(0, x.shape[0], rows_per_block)])
+
+
+def inverse_cdf_sample(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One draw per row from Categorical(weights / weights.sum()) with one uniform each (inverse CDF).
+
+    weights [R, V] >= 0 (unnormalized, e.g. exp(z - max)); uniforms [R] in [0, 1) -> tokens [R]. Two levels keep
+    the CDF exact enough: fp64 sums of blocks of `b` tokens pick the block, an fp64 cumsum inside it picks the token.
+    Zero-weight tokens are never chosen (the search takes the first CDF entry strictly above the target).
+
+    Example: weights [1, 0, 3] (p = 1/4, 0, 3/4), u = 0.5 -> target 2.0, CDF [1, 1, 4] -> token 2.
+    """
+    R, V = weights.shape
+    b = math.gcd(V, 1024)
+    if b < 32:
+        b = V
+    blocks = weights.view(R, V // b, b)
+    cdf = blocks.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)  # [R, V/b]
+    target = uniforms.to(torch.float64) * cdf[:, -1]  # [R]
+    block = torch.searchsorted(cdf, target[:, None], right=True).clamp_(max=V // b - 1)  # [R, 1]
+    before = torch.where(block > 0, cdf.gather(1, (block - 1).clamp(min=0)), 0.0)
+    inner = blocks[torch.arange(R, device=weights.device), block.view(-1)].to(torch.float64).cumsum(dim=-1)  # [R, b]
+    token = torch.searchsorted(inner, target[:, None] - before, right=True).clamp_(max=b - 1)
+    return (block * b + token).view(-1)
+
+
+class OnePass(NamedTuple):
+    """Everything a denoising step needs from the tempered logits of R rows."""
+
+    sample: torch.Tensor  # [R] long
+    argmax: torch.Tensor  # [R] long
+    entropy: torch.Tensor  # [R] fp32
+    probs: torch.Tensor  # [R, V] fp32 softmax (self-conditioning input)
+
+
+def one_pass(logits: torch.Tensor, uniforms: torch.Tensor) -> OnePass:
+    """Sample, argmax, entropy and softmax of logits [R, V] from one exp pass.
+
+    With z = x - max, e = exp(z), s = sum(e): p = e / s, log p = z - log s, so
+    H = -sum(p log p) = log s - sum(e z) / s. Example: x = [0, 0] -> z = [0, 0], s = 2, sum(e z) = 0, H = ln 2.
+    """
+    argmax = logits.argmax(dim=-1)
+    z = logits - logits.amax(dim=-1, keepdim=True)  # [R, V]
+    e = z.exp()
+    s = e.sum(dim=-1)  # [R]
+    z.clamp_(min=torch.finfo(z.dtype).min)  # -inf logits (masked by a processor) contribute 0 * finite
+    ez = (e[:, None, :] @ z[:, :, None]).view(-1)  # [R] sum(e * z) without a temporary
+    entropy = s.log() - ez / s
+    sample = inverse_cdf_sample(e, uniforms)
+    return OnePass(sample, argmax, entropy, e.div_(s[:, None]))
+
+
+class StepOutput(NamedTuple):
+    """What one sampler step returns (all rows it was given).
+
+    `soft` is None when the caller passed no `soft_embed`: it then computes self-conditioning itself.
+    """
+
+    canvas: torch.Tensor  # [B, L] accepted samples + fresh noise
+    argmax: torch.Tensor  # [B, L]
+    entropy: torch.Tensor  # [B, L] (acceptance and stopping)
+    soft: torch.Tensor | None  # [B, L, H]
+
+
+SoftEmbed = Callable[[torch.Tensor], torch.Tensor]  # probs [..., V] fp32 -> soft embedding [..., H]
+
+
+class Sampler(Protocol):
+    def init_canvas(self, batch: int, length: int, device: torch.device, rows: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+        """A fresh noise canvas [B, L] (rows: which generators, fast mode)."""
+
+    def step(self, logits: torch.Tensor, rows: torch.Tensor | None, soft_embed: SoftEmbed | None) -> StepOutput:
+        """logits [B, L, V] tempered (may be overwritten) -> `StepOutput`. `rows` [B] names the batch rows the logits
+        belong to (fast mode draws from their generators); reference mode always gets every row."""
 
 
 class ReferenceSampler:
@@ -71,23 +201,109 @@ class ReferenceSampler:
         self.entropy_bound = entropy_bound
         self.vocab_size = vocab_size
 
-    def init_canvas(self, batch: int, length: int, device: torch.device) -> torch.Tensor:
+    def init_canvas(self, batch: int, length: int, device: torch.device, rows=None) -> torch.Tensor:
         return torch.randint(0, self.vocab_size, (batch, length), device=device)  # RNG: canvas init (D.4.3)
 
-    def step(self, logits, entropy, canvas):
+    def step(self, logits: torch.Tensor, rows=None, soft_embed: SoftEmbed | None = None) -> StepOutput:
         B, L, V = logits.shape
-        probs = logits.softmax(dim=-1, dtype=torch.float32)
-        sample = torch.multinomial(probs.view(B * L, V), num_samples=1).view(B, L)  # RNG draw 1 (D.4d)
+        flat = logits.view(B * L, V)
+        block = row_block(V)
+        argmax = logits.argmax(dim=-1)  # [B, L]
+        entropy = blocked_rows(token_entropy, flat, block).view(B, L)
+        probs = flat.softmax(dim=-1, dtype=torch.float32)  # [N, V], the second and last [B, L, V]-sized buffer
+        if multinomial_is_blockwise(logits.device):
+            sample = blocked_multinomial(probs, block).view(B, L)  # RNG draw 1 (D.4d), blockwise
+        else:
+            sample = torch.multinomial(probs, num_samples=1).view(B, L)  # RNG draw 1 (D.4d)
         accepted = entropy_bound_accept(entropy, self.entropy_bound)
-        noise = torch.randint(0, self.vocab_size, (B, L), device=logits.device)  # RNG draw 2, every position (D.4g)
-        return renoise(sample, accepted, noise), accepted
+        noise = torch.randint(0, V, (B, L), device=logits.device)  # RNG draw 2, every position (D.4g)
+        # with fp32 embeddings the built-in's self-conditioning softmax equals these probs bit for bit
+        soft = soft_embed(probs.view(B, L, V)) if soft_embed is not None else None
+        return StepOutput(renoise(sample, accepted, noise), argmax, entropy, soft)
 
 
-SAMPLERS = {"reference": ReferenceSampler}
+def row_generators(batch: int, device: torch.device, seed=None, generator=None) -> list[torch.Generator]:
+    """One generator per row for fast mode.
+
+    Args:
+        seed: int (row b gets seed + b) or a list of B ints.
+        generator: a `torch.Generator` (B seeds are drawn from it) or a list of B generators (used as they are).
+        Neither: B seeds are drawn from the global RNG, so `torch.manual_seed` still fixes the output.
+    """
+    if seed is not None and generator is not None:
+        raise ValueError("Pass `seed` or `generator`, not both")
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != batch or not all(isinstance(g, torch.Generator) for g in generator):
+            raise ValueError(f"`generator` must be one torch.Generator or a list of {batch} (one per row)")
+        return list(generator)
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != batch:
+            raise ValueError(f"`seed` must be an int or a list of {batch} ints (one per row), got {len(seed)}")
+        seeds = [int(s) for s in seed]
+    elif seed is not None:
+        seeds = [int(seed) + b for b in range(batch)]
+    elif generator is not None:
+        seeds = torch.randint(0, 2**62, (batch,), generator=generator, device=generator.device).tolist()
+    else:
+        seeds = torch.randint(0, 2**62, (batch,)).tolist()
+    return [torch.Generator(device=device).manual_seed(s) for s in seeds]
 
 
-def make_sampler(name: str, entropy_bound: float, vocab_size: int) -> Sampler:
-    """Pick a sampler once, by name."""
+class FastSampler:
+    """Entropy-bound sampler drawing from per-row generators with one uniform per position (same distribution as
+    the reference, different random numbers).
+
+    Args:
+        entropy_bound: acceptance budget (spec D.4f).
+        vocab_size: V.
+        generators: one `torch.Generator` per batch row (`row_generators`).
+    """
+
+    def __init__(self, entropy_bound: float, vocab_size: int, generators: list[torch.Generator]):
+        self.entropy_bound = entropy_bound
+        self.vocab_size = vocab_size
+        self.generators = generators
+
+    def _per_row(self, draw: Callable[[torch.Generator], torch.Tensor], rows: torch.Tensor | None) -> torch.Tensor:
+        ids = range(len(self.generators)) if rows is None else rows.tolist()
+        return torch.stack([draw(self.generators[r]) for r in ids])
+
+    def init_canvas(self, batch: int, length: int, device: torch.device, rows=None) -> torch.Tensor:
+        V = self.vocab_size
+        return self._per_row(lambda g: torch.randint(0, V, (length,), generator=g, device=device), rows)
+
+    def step(self, logits: torch.Tensor, rows=None, soft_embed: SoftEmbed | None = None) -> StepOutput:
+        B, L, V = logits.shape
+        device = logits.device
+        # per row: L uniforms for the samples, then L noise tokens (fixed order within the row's own generator)
+        uniforms = self._per_row(lambda g: torch.rand(L, generator=g, device=device, dtype=torch.float64), rows)
+        noise = self._per_row(lambda g: torch.randint(0, V, (L,), generator=g, device=device), rows)
+        flat, u = logits.view(B * L, V), uniforms.view(-1)
+        sample = torch.empty(B * L, dtype=torch.long, device=device)
+        argmax, entropy = torch.empty_like(sample), torch.empty(B * L, device=device)
+        soft = None
+        block = row_block(V)
+        for a in range(0, B * L, block):
+            out = one_pass(flat[a : a + block], u[a : a + block])
+            sample[a : a + block], argmax[a : a + block], entropy[a : a + block] = out.sample, out.argmax, out.entropy
+            if soft_embed is not None:
+                piece = soft_embed(out.probs)  # [R, H]
+                if soft is None:
+                    soft = piece.new_empty(B * L, piece.shape[-1])
+                soft[a : a + block] = piece
+        sample, argmax, entropy = sample.view(B, L), argmax.view(B, L), entropy.view(B, L)
+        accepted = entropy_bound_accept(entropy, self.entropy_bound)
+        return StepOutput(renoise(sample, accepted, noise), argmax, entropy, soft.view(B, L, -1) if soft is not None
+                          else None)
+
+
+SAMPLERS = {"reference": ReferenceSampler, "fast": FastSampler}
+
+
+def make_sampler(name: str, entropy_bound: float, vocab_size: int, generators: list | None = None) -> Sampler:
+    """Pick a sampler once, by name ("reference" or "fast"; fast needs one generator per row)."""
     if name not in SAMPLERS:
         raise ValueError(f"`sampling` must be one of {sorted(SAMPLERS)}, got {name!r}")
-    return SAMPLERS[name](entropy_bound, vocab_size)
+    if name == "fast":
+        return FastSampler(entropy_bound, vocab_size, generators)
+    return ReferenceSampler(entropy_bound, vocab_size)

@@ -17,7 +17,7 @@ from .blocks import RMSNorm
 from .masks import LayerMask
 from .rope import apply_rope
 
-ATTENTION_BACKENDS = ("sdpa", "eager")
+ATTENTION_BACKENDS = ("sdpa", "eager", "flex")
 
 
 @dataclass
@@ -29,7 +29,7 @@ class PassContext:
         masks: per layer type, the finished `LayerMask`.
         cache: the `BlockDiffusionCache` read (and written) by this pass.
         persist: True in encoder mode (writes become prefix), False in decoder mode (canvas slot only).
-        backend: "sdpa" or "eager".
+        backend: "sdpa", "eager" or "flex".
     """
 
     cos_sin: dict
@@ -54,6 +54,20 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """PyTorch SDPA with native GQA (no repeated K/V copies) and scaling 1.0 (spec C.5)."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+    """torch's flex_attention with a `BlockMask` from masks.py (None = no mask), scaling 1.0, native GQA.
+
+    Without torch.compile it runs PyTorch's unfused reference path (correct, slower than SDPA on CPU); wrap the model
+    in `torch.compile` to get the fused kernel.
+    """
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    return flex(q, k, v, block_mask=mask, scale=1.0, enable_gqa=q.shape[1] != k.shape[1])
+
+
+ATTENTION_FUNCTIONS = {"sdpa": sdpa_attention, "eager": eager_attention, "flex": flex_attention}
 
 
 class DiffusionGemmaAttention(nn.Module):
@@ -94,6 +108,6 @@ class DiffusionGemmaAttention(nn.Module):
         k = apply_rope(self.k_norm(raw_k), cos, sin)
         v = self.v_norm(raw_v)
         k, v = ctx.cache.write(layer_idx, k.transpose(1, 2), v.transpose(1, 2), mask.kv_start, ctx.persist)  # [B,K,KV,D]
-        attend = eager_attention if ctx.backend == "eager" else sdpa_attention
+        attend = ATTENTION_FUNCTIONS[ctx.backend]
         out = attend(q.transpose(1, 2), k, v, mask.mask)  # [B, N, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))

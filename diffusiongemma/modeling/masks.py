@@ -3,7 +3,8 @@
 Masks are predicates `f(b, h, q, kv) -> bool` over *relative* query/key indices (the signature of
 `torch.nn.attention.flex_attention` mask_mods); each predicate closes over the absolute cache slot of its first
 query and first key. Combine them with `and_masks` / `or_masks`, then materialize once per forward and layer type:
-`dense_mask` (bool [B, 1, Q, KV] for SDPA/eager). Attention receives a finished mask.
+`dense_mask` (bool [B, 1, Q, KV] for SDPA/eager) or `block_mask` (a flex_attention `BlockMask`). Attention receives a
+finished mask.
 
 Slots: the KV cache stores token t of the sequence at slot t (left padding included, positions equal slots), and the
 canvas being denoised sits in the slots right after the committed prefix.
@@ -80,13 +81,33 @@ def dense_mask(mod: MaskMod, batch: int, num_q: int, num_kv: int, device: torch.
     return mask | empty_rows
 
 
+def query_padding(keep: torch.Tensor, q_slot0: int) -> MaskMod:
+    """True on every key for a padding query (keep [B, slots] False at its slot)."""
+    return lambda b, h, q, kv: ~keep[b, q + q_slot0]
+
+
+def block_mask(mod: MaskMod, batch: int, num_q: int, num_kv: int, device: torch.device):
+    """Materialize a predicate as a flex_attention `BlockMask` (the same predicate as `dense_mask`)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(mod, batch, None, num_q, num_kv, device=device)
+
+
+def materialize(mod: MaskMod, batch: int, num_q: int, num_kv: int, device: torch.device, backend: str):
+    """`block_mask` for the "flex" backend, else `dense_mask`."""
+    if backend == "flex":
+        return block_mask(mod, batch, num_q, num_kv, device)
+    return dense_mask(mod, batch, num_q, num_kv, device)
+
+
 @dataclass
 class LayerMask:
-    """What one attention call needs: the key slot range and the finished mask (None = attend to all of it)."""
+    """What one attention call needs: the key slot range and the finished mask (None = attend to all of it):
+    bool [B, 1, Q, KV] for sdpa/eager, a `BlockMask` for flex."""
 
     kv_start: int
     kv_end: int
-    mask: torch.Tensor | None
+    mask: object | None
 
 
 def _first_visible_slot(shape: LayerShape, q_slot0: int) -> int:
@@ -104,6 +125,7 @@ def build_encoder_masks(
     causal_encoder: bool,
     batch: int,
     device: torch.device,
+    backend: str = "sdpa",
 ) -> dict[str, LayerMask]:
     """Masks for an encoder pass writing slots [q_slot0, q_slot0 + Q), one per layer type.
 
@@ -111,6 +133,7 @@ def build_encoder_masks(
         shapes: one representative `LayerShape` per layer type.
         keep: [B, >= q_slot0 + Q] bool padding vector over slots, or None for no padding.
         causal_encoder: False only for `use_bidirectional_attention == "all"`.
+        backend: "flex" builds `BlockMask`s, anything else dense masks.
     """
     out = {}
     for layer_type, shape in shapes.items():
@@ -125,7 +148,12 @@ def build_encoder_masks(
             mods.append(symmetric_window(shape.sliding_window, q_slot0, kv0))
         if keep is not None:
             mods.append(key_padding(keep, kv0))
-        mask = dense_mask(and_masks(*mods), batch, num_q, kv1 - kv0, device) if mods else None
+        mask = None
+        if mods:
+            mod = and_masks(*mods)
+            if backend == "flex" and keep is not None:  # as dense_mask does for rows with no visible key
+                mod = or_masks(mod, query_padding(keep, q_slot0))
+            mask = materialize(mod, batch, num_q, kv1 - kv0, device, backend)
         out[layer_type] = LayerMask(kv0, kv1, mask)
     return out
 
@@ -137,6 +165,7 @@ def build_decoder_masks(
     keep: torch.Tensor | None,
     batch: int,
     device: torch.device,
+    backend: str = "sdpa",
 ) -> dict[str, LayerMask]:
     """Masks for a denoising pass: the canvas (slots [S, S+L)) attends bidirectionally to itself and to the cache.
 
@@ -151,6 +180,6 @@ def build_decoder_masks(
         if keep is not None and not bool(keep[:, kv0:cached].all()):
             full_keep = torch.ones(batch, kv1, dtype=torch.bool, device=device)
             full_keep[:, kv0:cached] = keep[:, kv0:cached]
-            mask = dense_mask(key_padding(full_keep, kv0), batch, canvas_length, kv1 - kv0, device)
+            mask = materialize(key_padding(full_keep, kv0), batch, canvas_length, kv1 - kv0, device, backend)
         out[layer_type] = LayerMask(kv0, kv1, mask)
     return out

@@ -104,7 +104,7 @@ class DiffusionGemmaPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["DiffusionGemmaLayer", "Gemma4VisionEncoderLayer"]
     _supports_sdpa = True
-    _supports_flex_attn = False
+    _supports_flex_attn = True
     _supports_attention_backend = False
 
     @torch.no_grad()
@@ -166,7 +166,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
     @property
     def attention_backend(self) -> str:
         backend = getattr(self.config, "_attn_implementation", None) or "sdpa"
-        return "eager" if backend == "eager" else "sdpa"
+        return {"eager": "eager", "flex_attention": "flex"}.get(backend, "sdpa")
 
     def new_cache(self) -> BlockDiffusionCache:
         """An empty KV cache for `forward(..., past_key_values=...)` or `generate`."""
@@ -176,8 +176,10 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         """Post-norm hidden [B, L, H] -> logits [B, L, V] fp32, soft-capped in fp32 (spec C.8)."""
         logits = self.lm_head(hidden).float()
         cap = self.config.text_config.final_logit_softcapping
-        if cap is not None:
+        if cap is not None and torch.is_grad_enabled():
             logits = torch.tanh(logits / cap) * cap
+        elif cap is not None:
+            logits = logits.div_(cap).tanh_().mul_(cap)  # same ops in place: no extra [B, L, V] buffers
         return logits
 
     def encode(
@@ -328,8 +330,15 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
 
         * checkpoints with the text weights under `model.encoder.language_model.*` are renamed on the fly;
         * `strict=True` (default): missing, mis-shaped or unexpected weights raise a ValueError naming the keys
-          instead of being silently initialized at random.
+          instead of being silently initialized at random;
+        * compressed-tensors FP8 / NVFP4 checkpoints load compressed (`diffusiongemma.quantization.loader`).
         """
+        from ..quantization.loader import is_compressed_tensors_checkpoint, load_compressed_tensors_checkpoint
+        from ..quantization.offload import prepare_from_pretrained_kwargs
+
+        if is_compressed_tensors_checkpoint(str(pretrained_model_name_or_path)):
+            return load_compressed_tensors_checkpoint(cls, pretrained_model_name_or_path, strict=strict, **kwargs)
+        kwargs = prepare_from_pretrained_kwargs(cls, pretrained_model_name_or_path, kwargs)  # device map, bnb
         if "key_mapping" not in kwargs:
             mapping = key_mapping_for(checkpoint_keys(str(pretrained_model_name_or_path)))
             if mapping is not None:

@@ -96,7 +96,7 @@ class DiffusionGemmaTextStack(nn.Module):
         S = cache.length
         if positions is None:
             positions = torch.arange(S, S + T, device=embeds.device)[None]
-        masks = build_encoder_masks(self.type_shapes, S, T, keep, self.causal_encoder, B, embeds.device)
+        masks = build_encoder_masks(self.type_shapes, S, T, keep, self.causal_encoder, B, embeds.device, backend)
         ctx = PassContext(self._rope(positions, embeds.dtype), masks, cache, True, backend)
         hidden = self._run(embeds, ctx, layer_scalars, collect)
         cache.advance(T)
@@ -130,7 +130,7 @@ class DiffusionGemmaTextStack(nn.Module):
         if positions is None:
             positions = torch.arange(S, S + L, device=canvas.device)[None]
         x = self.self_conditioning(self.embed_tokens(canvas), soft_embeddings)  # [B, L, H]
-        masks = build_decoder_masks(self.type_shapes, S, L, keep, B, canvas.device)
+        masks = build_decoder_masks(self.type_shapes, S, L, keep, B, canvas.device, backend)
         ctx = PassContext(self._rope(positions, x.dtype), masks, cache, False, backend)
         scalars = [layer.layer_scalar for layer in self.layers]
         return self._run(x, ctx, scalars, collect)
