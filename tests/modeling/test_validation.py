@@ -19,7 +19,7 @@ CANVAS = torch.randint(0, 128, (2, 16))
     (dict(input_ids=IDS[0], decoder_input_ids=CANVAS), r"`input_ids` must have shape \[batch, length\]"),
     (dict(input_ids=IDS.float(), decoder_input_ids=CANVAS), "`input_ids` must hold integer token ids"),
     (dict(input_ids=IDS + 200, decoder_input_ids=CANVAS), r"`input_ids` holds token ids outside the vocabulary \[0, 128\)"),
-    (dict(input_ids=torch.tensor([[5, -1]] * 2), decoder_input_ids=CANVAS), "outside the vocabulary: min -1"),
+    (dict(input_ids=torch.tensor([[5, -1]] * 2), decoder_input_ids=CANVAS), r"outside the vocabulary \[0, 128\): min -1"),
     (dict(input_ids=IDS, decoder_input_ids=CANVAS[:1]), "`decoder_input_ids` has batch 1 but `input_ids` has batch 2"),
     (dict(input_ids=IDS, decoder_input_ids=CANVAS, attention_mask=torch.ones(2, 5)), r"`attention_mask` must have shape \[2, 6\]"),
     (dict(input_ids=IDS, decoder_input_ids=CANVAS, attention_mask=torch.full((2, 6), 2)), "only 0 and 1"),
