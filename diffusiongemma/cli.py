@@ -155,12 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_generate_command(subparsers)
-    for module, name in (("sudoku.cli", "add_sudoku_commands"), ("quantization.cli", "add_quantize_command")):
-        try:
-            mod = __import__(f"diffusiongemma.{module}", fromlist=[name])
-        except ModuleNotFoundError:
-            continue
-        getattr(mod, name)(subparsers)
+    from .quantization.cli import add_quantize_command
+    from .sudoku.cli import add_sudoku_commands
+
+    add_sudoku_commands(subparsers)
+    add_quantize_command(subparsers)
     return parser
 
 
