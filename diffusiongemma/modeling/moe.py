@@ -62,8 +62,8 @@ def can_use_grouped_mm(x: torch.Tensor, weight: torch.Tensor) -> bool:
     transformers' built-in experts take this path by default on the same devices; matching it keeps reference-mode
     sampling bit-exact.
     """
-    if _grouped_mm_fn() is None:
-        return False
+    if _grouped_mm_fn() is None or (torch.compiler.is_compiling() and weight.dtype != torch.bfloat16):
+        return False  # inductor lowers grouped_mm for bf16 only
     if weight.is_cuda:
         return torch.cuda.get_device_capability(weight.device) >= (8, 0)
     aligned = all(n * x.element_size() % 16 == 0 for n in (weight.shape[-1], weight.shape[-2] // 2))

@@ -1,0 +1,66 @@
+"""`generate` bookkeeping in fast mode: per-row seeds, row independence, skipped rows (generation/loop.py)."""
+
+import pytest
+import torch
+
+from conftest import tiny_model
+
+KW = dict(max_new_tokens=40, max_denoising_steps=5, pad_token_id=0)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors gain nothing from a second thread, and on a busy machine every parallel region can stall for
+    milliseconds waiting for it: run single-threaded, then restore the setting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+def prompts(batch: int, length: int = 6, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, 128, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_fast_rows_do_not_depend_on_the_rest_of_the_batch(model):
+    ids = prompts(3)
+    # eos 7 makes rows finish at different canvases: finished rows are skipped and must not disturb the others
+    kw = dict(KW, eos_token_id=7)
+    batch = model.generate(ids, sampling="fast", seed=[5, 9, 2], **kw).sequences
+    for row, seed in enumerate([5, 9, 2]):
+        alone = model.generate(ids[row : row + 1], sampling="fast", seed=[seed], **kw).sequences[0]
+        n = alone.shape[0]
+        assert torch.equal(batch[row, :n], alone)
+        assert bool((batch[row, n:] == 0).all())  # the batch only adds padding after the row finished
+
+
+def test_fast_seed_and_generator_fix_the_output(model):
+    ids = prompts(2)
+    a = model.generate(ids, sampling="fast", seed=3, **KW).sequences
+    b = model.generate(ids, sampling="fast", seed=[3, 4], **KW).sequences  # int seed s -> rows s, s + 1
+    c = model.generate(ids, sampling="fast", seed=[4, 4], **KW).sequences
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    gens = [torch.Generator().manual_seed(3), torch.Generator().manual_seed(4)]
+    assert torch.equal(model.generate(ids, sampling="fast", generator=gens, **KW).sequences, a)
+    torch.manual_seed(1)
+    d = model.generate(ids, sampling="fast", **KW).sequences
+    torch.manual_seed(1)
+    assert torch.equal(model.generate(ids, sampling="fast", **KW).sequences, d)
+
+
+def test_fast_counts_passes_only_for_working_rows(model):
+    out = model.generate(prompts(2), sampling="fast", seed=0, return_dict_in_generate=True, **KW)
+    assert out.sequences.shape == (2, 6 + 48)
+    assert bool((out.tokens_per_forward > 0).all())
+
+
+def test_reference_mode_rejects_seeds(model):
+    with pytest.raises(ValueError, match="sampling='fast'"):
+        model.generate(prompts(1), seed=1, **KW)
+    with pytest.raises(ValueError, match="must be one of"):
+        model.generate(prompts(1), sampling="greedy", **KW)
