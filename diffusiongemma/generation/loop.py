@@ -11,6 +11,7 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 from transformers.utils import ModelOutput, logging
 
+from ..modeling.cache import BlockDiffusionCache
 from ..modeling.validation import check_token_ids, padding_vector
 from .config import resolve_generation_config
 from .sampler import apply_temperature_, make_sampler, row_generators, temperature_at
@@ -234,6 +235,9 @@ def generate(
     if input_ids is None:
         raise ValueError("`input_ids` is required: pass the prompt as a [batch, length] tensor")
     check_token_ids("input_ids", input_ids, V)
+    if past_key_values is not None and not isinstance(past_key_values, BlockDiffusionCache):
+        raise TypeError("`past_key_values` must be a diffusiongemma BlockDiffusionCache (from `model.new_cache()` or "
+                        f"an earlier output), got {type(past_key_values).__name__}")
     B, P = input_ids.shape
     device = input_ids.device
     cur_len = P + (past_key_values.length if past_key_values is not None else 0)

@@ -81,3 +81,22 @@ def test_saved_config_loads_in_transformers(tmp_path):
     assert theirs.max_denoising_steps == 12 and theirs.sampler_config.entropy_bound == 0.2
     again = DiffusionGemmaGenerationConfig.from_pretrained(tmp_path)
     assert again.eos_token_id == [1, 106]
+
+
+def test_foreign_cache_is_rejected_by_generate(model):
+    from transformers import DynamicCache
+
+    with pytest.raises(TypeError, match="BlockDiffusionCache"):
+        model.generate(IDS, past_key_values=DynamicCache())
+
+
+def test_generate_continues_a_cache(model):
+    """A prompt encoded earlier continues: the new ids start at the cached length."""
+    torch.manual_seed(0)
+    first = model.generate(IDS, max_new_tokens=16, max_denoising_steps=2)
+    cache = first.past_key_values
+    assert cache.get_seq_length() == IDS.shape[1]  # the last canvas is never committed (spec D.6)
+    more = torch.randint(3, 128, (1, 3))
+    out = model.generate(more, past_key_values=cache, max_new_tokens=16, max_denoising_steps=2)
+    assert out.sequences.shape == (1, 3 + 16)
+    assert out.past_key_values.get_seq_length() == IDS.shape[1] + 3
