@@ -22,7 +22,8 @@ def _dtype(name: str):
     return table[name]
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: an integer > 0 (shared by every command)."""
     try:
         value = int(text)
     except ValueError:
@@ -40,9 +41,9 @@ def add_generate_command(subparsers) -> None:
     )
     p.add_argument("prompt", help="the prompt text")
     p.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors, tokenizer files)")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=None,
+    p.add_argument("--max-new-tokens", type=positive_int, default=None,
                    help="new tokens to generate (rounded up to whole canvases); default: the checkpoint's setting")
-    p.add_argument("--steps", type=_positive_int, default=None,
+    p.add_argument("--steps", type=positive_int, default=None,
                    help="maximum denoising steps per canvas (max_denoising_steps); default: the checkpoint's")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--dtype", type=_dtype, default="auto", help="float32, bfloat16, float16 or auto (default)")

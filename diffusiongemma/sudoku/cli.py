@@ -10,14 +10,8 @@
 import argparse
 import json
 
+from ..cli import positive_int
 from .puzzles import parse_puzzle, read_puzzles, render_grid
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _givens(text: str) -> int:
@@ -39,12 +33,12 @@ def add_sudoku_commands(subparsers) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--puzzle", help="one puzzle: 81 characters, digits and '.' or '0' for blanks")
     source.add_argument("--puzzles", metavar="FILE", help="a file with one puzzle per line")
-    source.add_argument("--eval", type=_positive_int, metavar="N", help="report solve rate and mean steps on N "
+    source.add_argument("--eval", type=positive_int, metavar="N", help="report solve rate and mean steps on N "
                         "fresh puzzles")
     p.add_argument("--givens", type=_givens, default=36, help="filled cells of generated puzzles (default 36)")
     p.add_argument("--seed", type=int, default=None, help="seed puzzle generation and denoising")
     p.add_argument("--model", default=None, help="model folder (default: the bundled demo model)")
-    p.add_argument("--max-steps", type=_positive_int, default=None, help="max denoising steps (default: the model's)")
+    p.add_argument("--max-steps", type=positive_int, default=None, help="max denoising steps (default: the model's)")
     p.add_argument("--no-animation", action="store_true", help="do not redraw the grid at every step")
     p.add_argument("--json", action="store_true", help="print JSON: one line per puzzle, or one for --eval")
     p.set_defaults(func=run_sudoku)
@@ -58,20 +52,20 @@ def add_sudoku_commands(subparsers) -> None:
         "solve rate on held-out puzzles every --eval-every steps and writes a resumable checkpoint.",
     )
     t.add_argument("--out", required=True, help="output folder (model, tokenizer, train_log.jsonl, checkpoint/)")
-    t.add_argument("--steps", type=_positive_int, default=2000, help="optimizer steps (default 2000)")
-    t.add_argument("--batch-size", type=_positive_int, default=64, help="puzzles per step (default 64)")
+    t.add_argument("--steps", type=positive_int, default=2000, help="optimizer steps (default 2000)")
+    t.add_argument("--batch-size", type=positive_int, default=64, help="puzzles per step (default 64)")
     t.add_argument("--givens", type=_givens, default=36,
                    help="difficulty: evaluation puzzles have this many givens, training ones up to --givens-spread "
                    "more (default 36)")
     t.add_argument("--givens-spread", type=int, default=8, help="extra givens of training puzzles (default 8)")
     t.add_argument("--lr", type=float, default=1e-3, help="peak AdamW learning rate (default 1e-3)")
     t.add_argument("--warmup", type=int, default=100, help="linear warmup steps (default 100)")
-    t.add_argument("--eval-every", type=_positive_int, default=200, help="steps between evaluations (default 200)")
-    t.add_argument("--eval-puzzles", type=_positive_int, default=64, help="held-out puzzles per evaluation")
-    t.add_argument("--pool-size", type=_positive_int, default=4000, help="unique puzzles generated up front")
-    t.add_argument("--hidden-size", type=_positive_int, default=128)
-    t.add_argument("--layers", type=_positive_int, default=4)
-    t.add_argument("--experts", type=_positive_int, default=4)
+    t.add_argument("--eval-every", type=positive_int, default=200, help="steps between evaluations (default 200)")
+    t.add_argument("--eval-puzzles", type=positive_int, default=64, help="held-out puzzles per evaluation")
+    t.add_argument("--pool-size", type=positive_int, default=4000, help="unique puzzles generated up front")
+    t.add_argument("--hidden-size", type=positive_int, default=128)
+    t.add_argument("--layers", type=positive_int, default=4)
+    t.add_argument("--experts", type=positive_int, default=4)
     t.add_argument("--freeze-router", action="store_true", help="do not train the MoE routers")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
