@@ -333,11 +333,12 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
           instead of being silently initialized at random;
         * compressed-tensors FP8 / NVFP4 checkpoints load compressed (`diffusiongemma.quantization.loader`).
         """
-        from ..quantization.loader import is_compressed_tensors_checkpoint, load_compressed_tensors_checkpoint
+        from ..quantization.loader import compressed_tensors_folder, load_compressed_tensors_checkpoint
         from ..quantization.offload import prepare_from_pretrained_kwargs
 
-        if is_compressed_tensors_checkpoint(str(pretrained_model_name_or_path)):
-            return load_compressed_tensors_checkpoint(cls, pretrained_model_name_or_path, strict=strict, **kwargs)
+        folder = compressed_tensors_folder(pretrained_model_name_or_path, kwargs)
+        if folder is not None:
+            return load_compressed_tensors_checkpoint(cls, folder, strict=strict, **kwargs)
         kwargs = prepare_from_pretrained_kwargs(cls, pretrained_model_name_or_path, kwargs)  # device map, bnb
         if "key_mapping" not in kwargs:
             mapping = key_mapping_for(checkpoint_keys(str(pretrained_model_name_or_path)))

@@ -19,7 +19,9 @@ from collections import defaultdict
 
 import torch
 from accelerate import dispatch_model, init_empty_weights
+from huggingface_hub import snapshot_download
 from safetensors import safe_open
+from transformers.utils import cached_file
 from torch import nn
 
 from diffusiongemma.modeling.weights import ENCODER_LAYOUT_MAPPING, key_mapping_for
@@ -53,6 +55,28 @@ def is_compressed_tensors_checkpoint(path: str) -> bool:
     """Whether `path` is a local folder holding a compressed-tensors checkpoint (the loader of this module)."""
     raw = read_quantization_config(path)
     return isinstance(raw, dict) and raw.get("quant_method") == "compressed-tensors"
+
+
+HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "proxies")
+
+
+def compressed_tensors_folder(path, hub_kwargs: dict) -> str | None:
+    """The local folder of a compressed-tensors checkpoint given as a folder or a Hub repo id, else None.
+
+    For a repo id only config.json is fetched first; the safetensors, tokenizer and generation files follow
+    (`snapshot_download`) only when its quantization_config is compressed-tensors.
+    """
+    path = str(path)
+    if os.path.isdir(path):
+        return path if is_compressed_tensors_checkpoint(path) else None
+    hub = {k: v for k, v in hub_kwargs.items() if k in HUB_KWARGS and v is not None}
+    try:
+        config_file = cached_file(path, "config.json", _raise_exceptions_for_missing_entries=False, **hub)
+    except (OSError, ValueError):
+        return None  # not a reachable repo: let transformers' loader report it
+    if config_file is None or not is_compressed_tensors_checkpoint(os.path.dirname(config_file)):
+        return None
+    return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"], **hub)
 
 
 def checkpoint_shards(path: str) -> dict[str, str]:
@@ -185,7 +209,7 @@ def load_compressed_tensors_checkpoint(
     config=None,
     quantization_config=None,
     fp8_kernel: str = "auto",
-    **unused,
+    **hub_kwargs,
 ):
     """Build `cls` with compressed FP8 / NVFP4 Linears and stream the checkpoint's tensors into it.
 
@@ -212,6 +236,12 @@ def load_compressed_tensors_checkpoint(
         QuantizedCheckpointError: unsupported scheme, or missing / mis-shaped / (strict) unexpected tensors.
     """
     path = str(path)
+    # Settings that only matter for transformers' own loading path (we always stream tensor by tensor).
+    unsupported = sorted(set(hub_kwargs) - set(HUB_KWARGS) - {"low_cpu_mem_usage", "use_safetensors", "trust_remote_code"})
+    if unsupported:
+        raise TypeError(f"from_pretrained() of the compressed-tensors checkpoint {path} does not support {unsupported}; "
+                        "supported: dtype, device_map, max_memory, offload_folder, strict, attn_implementation, "
+                        "config, fp8_kernel, output_loading_info")
     if quantization_config is not None:
         raise QuantizedCheckpointError(
             f"{path} is already a compressed-tensors checkpoint; passing quantization_config="

@@ -179,3 +179,35 @@ def test_dtype_argument_casts_dense_weights_and_keeps_fp8(fp8_folder):
     assert model.model.decoder.embed_tokens.weight.dtype == torch.bfloat16
     ids, canvas = inputs()
     assert torch.isfinite(logits(model, ids, canvas)).all()
+
+
+def test_hub_repo_id_is_fetched_and_loaded_compressed(fp8_folder, monkeypatch):
+    """A repo id whose config.json is compressed-tensors goes to our loader after a snapshot download (simulated:
+    no network here)."""
+    import os
+
+    from diffusiongemma.quantization import loader
+    from diffusiongemma.quantization.fp8 import FP8Linear
+
+    calls = []
+
+    def fake_cached_file(repo, name, **kwargs):
+        calls.append(("config", repo, kwargs.get("revision")))
+        return os.path.join(str(fp8_folder), name)
+
+    def fake_snapshot(repo, allow_patterns=None, **kwargs):
+        calls.append(("snapshot", repo, kwargs.get("revision")))
+        return str(fp8_folder)
+
+    monkeypatch.setattr(loader, "cached_file", fake_cached_file)
+    monkeypatch.setattr(loader, "snapshot_download", fake_snapshot)
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained("RedHatAI/diffusiongemma-26B-A4B-it-FP8-dynamic",
+                                                            revision="main")
+    assert calls == [("config", "RedHatAI/diffusiongemma-26B-A4B-it-FP8-dynamic", "main"),
+                     ("snapshot", "RedHatAI/diffusiongemma-26B-A4B-it-FP8-dynamic", "main")]
+    assert isinstance(model.model.decoder.layers[0].self_attn.q_proj, FP8Linear)
+
+
+def test_unsupported_loading_option_is_an_error(fp8_folder):
+    with pytest.raises(TypeError, match=r"does not support \['key_mapping'\]"):
+        DiffusionGemmaForBlockDiffusion.from_pretrained(fp8_folder, key_mapping={"a": "b"})
