@@ -19,7 +19,7 @@ setup(
         "tokenizers>=0.22",
     ],
     extras_require={
-        "test": ["pytest>=8"],
+        "test": ["pytest>=8", "bitsandbytes>=0.49"],
         "bnb": ["bitsandbytes>=0.45"],
     },
     entry_points={"console_scripts": ["diffusiongemma=diffusiongemma.cli:main"]},
