@@ -29,13 +29,8 @@ def temperature_at(steps_remaining: int, max_steps: int, t_min: float, t_max: fl
     return t_min + (t_max - t_min) * (n / max_steps)
 
 
-def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """[B, L, V] / T."""
-    return logits / temperature.to(logits.device)
-
-
 def apply_temperature_(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """In place [B, L, V] / T (same bits as `apply_temperature`, no new buffer)."""
+    """In place [B, L, V] / T: the reference's `scores / temperature`, without a new buffer."""
     return logits.div_(temperature.to(logits.device))
 
 
