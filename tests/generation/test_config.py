@@ -100,3 +100,13 @@ def test_generate_continues_a_cache(model):
     out = model.generate(more, past_key_values=cache, max_new_tokens=16, max_denoising_steps=2)
     assert out.sequences.shape == (1, 3 + 16)
     assert out.past_key_values.get_seq_length() == IDS.shape[1] + 3
+
+
+def test_builtin_generation_config_object_is_accepted(model):
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+        DiffusionGemmaGenerationConfig as Builtin,
+    )
+
+    torch.manual_seed(0)
+    out = model.generate(IDS, generation_config=Builtin(max_new_tokens=32, max_denoising_steps=2))
+    assert out.sequences.shape == (1, 4 + 32)
