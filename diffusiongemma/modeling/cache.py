@@ -23,8 +23,6 @@ class BlockDiffusionCache:
         shapes: the `LayerShape` of every layer (K and D differ between full and sliding layers).
     """
 
-    is_compileable = False
-
     def __init__(self, shapes: list[LayerShape]):
         self.shapes = list(shapes)
         self.keys: list[torch.Tensor | None] = [None] * len(shapes)
@@ -81,13 +79,6 @@ class BlockDiffusionCache:
     def advance(self, tokens: int) -> None:
         """Commit the slots just written by an encoder pass: S += tokens."""
         self.length += tokens
-
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only batch rows `rows` (e.g. drop finished sequences)."""
-        for store in (self.keys, self.values):
-            for i, buf in enumerate(store):
-                if buf is not None:
-                    store[i] = buf[rows]
 
 
 class RecordingLayerCache:

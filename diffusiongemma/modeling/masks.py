@@ -57,10 +57,6 @@ def symmetric_window(window: int, q_slot0: int, kv_slot0: int) -> MaskMod:
     return lambda b, h, q, kv: ((q + q_slot0) - (kv + kv_slot0)).abs() <= window
 
 
-def bidirectional() -> MaskMod:
-    return lambda b, h, q, kv: torch.ones_like(q + kv, dtype=torch.bool)
-
-
 def key_padding(keep: torch.Tensor, kv_slot0: int) -> MaskMod:
     """keep [B, slots] bool: False marks a padding slot that no query may see."""
     return lambda b, h, q, kv: keep[b, kv + kv_slot0]
