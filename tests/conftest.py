@@ -90,6 +90,16 @@ def tiny_tokenizer(vocab_size: int = 128) -> PreTrainedTokenizerFast:
 
 
 @pytest.fixture
+def one_thread():
+    """Tiny tensors gain nothing from a second thread, and on a busy machine every parallel region can stall for
+    milliseconds waiting for it: run single-threaded, then restore the setting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def tokenizer():
     return tiny_tokenizer()
 

@@ -8,14 +8,7 @@ from conftest import tiny_model
 KW = dict(max_new_tokens=40, max_denoising_steps=5, pad_token_id=0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors gain nothing from a second thread, and on a busy machine every parallel region can stall for
-    milliseconds waiting for it: run single-threaded, then restore the setting."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -22,14 +22,7 @@ from diffusiongemma.generation.sampler import (
 CHI2_CRIT = {3: 21.108, 5: 25.745}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors gain nothing from a second thread, and on a busy machine every parallel region can stall for
-    milliseconds waiting for it: run single-threaded, then restore the setting."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_temperature_at_counts_steps_remaining():

@@ -13,6 +13,7 @@ import re
 import torch
 from compressed_tensors.compressors import ModelCompressor
 from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
+from compressed_tensors.quantization.lifecycle.forward import forward_quantize
 from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 from safetensors.torch import save_file
 from torch import nn
@@ -136,3 +137,23 @@ def dequantized_reference(model: nn.Module, dequantized: dict, preset: str, inpu
             g = input_scales[name]
             module.register_forward_pre_hook(lambda m, a, g=g: (quantize_dequantize_nvfp4_activation(a[0], g),))
     return ref
+
+
+def library_pipeline_outputs(model: nn.Sequential, x: torch.Tensor) -> dict:
+    """What compressed-tensors itself does with a calibrated one-Linear `model`: its fake-quant forward on `x`, its
+    input fake-quantization, the tensors `ModelCompressor` writes (a checkpoint's) and its decompressed weight."""
+    module = model[0]
+    with torch.no_grad():
+        fake_quant_output = model(x)
+        input_fake_quant = forward_quantize(module, x, "input", module.quantization_scheme.input_activations)
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    compressed = {k.removeprefix("0."): v.detach().clone() for k, v in model.state_dict().items()}
+    compressor.decompress_model(model)
+    return {
+        "format": compressor.quantization_config.format,
+        "compressed": compressed,
+        "decompressed_weight": model[0].weight.detach().clone(),
+        "fake_quant_output": fake_quant_output,
+        "input_fake_quant": input_fake_quant,
+    }

@@ -7,11 +7,11 @@ import copy
 
 import pytest
 import torch
-from compressed_tensors.compressors import ModelCompressor
 from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
-from compressed_tensors.quantization.lifecycle.forward import forward_quantize
 from compressed_tensors.quantization.utils import calculate_qparams
 from torch import nn
+
+from ct_checkpoint import library_pipeline_outputs
 
 from diffusiongemma.quantization import fp8
 from diffusiongemma.quantization.fp8 import (
@@ -53,20 +53,7 @@ def compress_with_compressed_tensors(linear: nn.Linear, x: torch.Tensor) -> dict
         weight.amin(dim=1, keepdim=True), weight.amax(dim=1, keepdim=True), module.quantization_scheme.weights
     )
     module.weight_scale.data.copy_(scale)
-    with torch.no_grad():
-        fake_quant_output = model(x)
-        input_fake_quant = forward_quantize(module, x, "input", module.quantization_scheme.input_activations)
-    compressor = ModelCompressor.from_pretrained_model(model)
-    compressor.compress_model(model)
-    compressed = {k.removeprefix("0."): v.detach().clone() for k, v in model.state_dict().items()}
-    compressor.decompress_model(model)
-    return {
-        "format": compressor.quantization_config.format,
-        "compressed": compressed,
-        "decompressed_weight": model[0].weight.detach().clone(),
-        "fake_quant_output": fake_quant_output,
-        "input_fake_quant": input_fake_quant,
-    }
+    return library_pipeline_outputs(model, x)
 
 
 # ---- pure functions against compressed-tensors ------------------------------------------------------------------

@@ -7,7 +7,6 @@ import copy
 
 import pytest
 import torch
-from compressed_tensors.compressors import ModelCompressor
 from compressed_tensors.compressors.nvfp4.helpers import (
     pack_fp4_to_uint8,
     quantize_and_pack_fp4,
@@ -19,9 +18,10 @@ from compressed_tensors.quantization import (
     apply_quantization_config,
     preset_name_to_scheme,
 )
-from compressed_tensors.quantization.lifecycle.forward import forward_quantize
 from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 from torch import nn
+
+from ct_checkpoint import library_pipeline_outputs
 
 from diffusiongemma.quantization.nvfp4 import (
     NVFP4Linear,
@@ -70,20 +70,7 @@ def compress_with_compressed_tensors(linear: nn.Linear, x: torch.Tensor) -> dict
     )
     module.weight_scale.data.copy_(scale)
     module.input_global_scale.data.copy_(generate_gparam(x.amin(), x.amax()))
-    with torch.no_grad():
-        fake_quant_output = model(x)
-        input_fake_quant = forward_quantize(module, x, "input", module.quantization_scheme.input_activations)
-    compressor = ModelCompressor.from_pretrained_model(model)
-    compressor.compress_model(model)
-    compressed = {k.removeprefix("0."): v.detach().clone() for k, v in model.state_dict().items()}
-    compressor.decompress_model(model)
-    return {
-        "format": compressor.quantization_config.format,
-        "compressed": compressed,
-        "decompressed_weight": model[0].weight.detach().clone(),
-        "fake_quant_output": fake_quant_output,
-        "input_fake_quant": input_fake_quant,
-    }
+    return library_pipeline_outputs(model, x)
 
 
 # ---- codes and packing ------------------------------------------------------------------------------------------
