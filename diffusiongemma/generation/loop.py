@@ -14,6 +14,7 @@ from transformers.utils import ModelOutput, logging
 from ..modeling.cache import BlockDiffusionCache
 from ..modeling.validation import check_token_ids, padding_vector
 from .config import resolve_generation_config
+from .mixed import MixedScheduler, MixedSettings, assemble, strip_padding
 from .sampler import apply_temperature_, make_sampler, row_generators, temperature_at
 from .state import CanvasState
 from .stopping import StableAndConfidentStopper, eos_in_new_tokens, pad_after_eos
@@ -54,6 +55,52 @@ class DiffusionGemmaGenerationOutput(ModelOutput):
     logits: torch.Tensor | None = None
     scores: torch.Tensor | None = None
     hidden_states: torch.Tensor | None = None
+
+
+BATCHING = ("mixed", "lockstep")
+
+
+def resolve_batching(batching, max_batch_size, fast: bool, batch: int, streamer, past_key_values) -> str:
+    """Validate `batching` / `max_batch_size`; None picks "mixed" for fast mode with several rows."""
+    if batching is not None and batching not in BATCHING:
+        raise ValueError(f"`batching` must be one of {list(BATCHING)}, got {batching!r}")
+    if max_batch_size is not None and (isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int)
+                                       or max_batch_size < 1):
+        raise ValueError(f"`max_batch_size` must be a positive int, got {max_batch_size!r}")
+    if not fast:
+        if batching == "mixed" or max_batch_size is not None:
+            raise ValueError("`batching='mixed'` and `max_batch_size` need sampling='fast' (reference mode "
+                             "reproduces the built-in lock-step batch)")
+        return "lockstep"
+    if batching == "mixed" and streamer is not None:
+        raise ValueError("a `streamer` follows one lock-step batch: pass batching='lockstep' (or no streamer)")
+    if batching == "mixed" and past_key_values is not None:
+        raise ValueError("`past_key_values` continues one shared cache: pass batching='lockstep'")
+    if batching is None:
+        return "mixed" if batch > 1 and streamer is None and past_key_values is None else "lockstep"
+    return batching
+
+
+def generate_in_chunks(model, input_ids, attention_mask, config, chunk: int, generators, logits_processor,
+                       stopping_criteria, rest: dict):
+    """Lock-step fast mode over consecutive chunks of `chunk` rows (the baseline that mixed batching beats)."""
+    outs = []
+    for a in range(0, input_ids.shape[0], chunk):
+        outs.append(generate(
+            model, input_ids[a : a + chunk], None if attention_mask is None else attention_mask[a : a + chunk],
+            generation_config=config, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+            sampling="fast", generator=generators[a : a + chunk], batching="lockstep", return_dict_in_generate=True,
+            **{k: v[a : a + chunk] for k, v in rest.items() if k in MODEL_KWARGS},
+        ))
+    width = max(o.sequences.shape[1] for o in outs)
+    pad = config.pad_token_id if config.pad_token_id is not None else 0
+    sequences = torch.cat([torch.nn.functional.pad(o.sequences, (0, width - o.sequences.shape[1]), value=pad)
+                           for o in outs])
+    if not config.return_dict_in_generate:
+        return sequences
+    return DiffusionGemmaGenerationOutput(
+        sequences=sequences, tokens_per_forward=torch.cat([o.tokens_per_forward for o in outs])
+    )
 
 
 @dataclass
@@ -198,6 +245,8 @@ def generate(
     sampling: str = "reference",
     seed: int | list[int] | None = None,
     generator: torch.Generator | list[torch.Generator] | None = None,
+    batching: str | None = None,
+    max_batch_size: int | None = None,
     **kwargs,
 ):
     """Generate whole canvases by block-autoregressive denoising.
@@ -217,6 +266,12 @@ def generate(
             batch (for rows of equal prompt length: left padding shifts positions, spec C.10).
         seed: fast mode only: an int (row b uses seed + b) or one int per row.
         generator: fast mode only: a `torch.Generator` (per-row seeds are drawn from it) or one per row.
+        batching: fast mode only. "mixed" (the default for fast mode with more than one row): rows progress
+            independently; a converged canvas commits at once while other rows keep denoising, finished rows leave
+            the batch, left padding is stripped, and each row's output equals running it alone. "lockstep": all rows
+            commit together (the only choice in reference mode, with a streamer or with `past_key_values`).
+        max_batch_size: fast mode only: at most this many rows per forward. "mixed" refills a freed slot with the
+            next waiting prompt; "lockstep" runs the batch in consecutive chunks.
         **kwargs: generation config fields (max_new_tokens, max_denoising_steps, t_min, ...) override the config;
             `decoder_input_ids` [B, L] and `self_conditioning_logits` [B, L, V] seed the first canvas.
     Returns:
@@ -270,11 +325,36 @@ def generate(
     if not fast and (seed is not None or generator is not None):
         raise ValueError("`seed` and `generator` apply to sampling='fast'; reference mode draws from the global RNG "
                          "like the built-in class (use torch.manual_seed)")
+    batching = resolve_batching(batching, max_batch_size, fast, B, streamer, past_key_values)
     generators = row_generators(B, device, seed, generator) if fast else None
+    if max_batch_size is not None and max_batch_size < B and batching == "lockstep":
+        return generate_in_chunks(model, input_ids, attention_mask, config, max_batch_size, generators,
+                                  logits_processor, stopping_criteria, rest)
     sampler = make_sampler(sampling, config.sampler_config.entropy_bound, V, generators)
     stopper = StableAndConfidentStopper(config.stability_threshold, config.confidence_threshold)
     processors = LogitsProcessorList(logits_processor) if logits_processor else None
     user_criteria = StoppingCriteriaList(stopping_criteria) if stopping_criteria else None
+    if batching == "mixed":
+        first_soft = stack.soft_embedding(sc_logits.to(stack.embed_tokens.weight.dtype)) if sc_logits is not None \
+            else None
+        scheduler = MixedScheduler(
+            model, sampler, lambda: StableAndConfidentStopper(config.stability_threshold, config.confidence_threshold),
+            MixedSettings(num_canvases, settings.max_steps, settings.t_min, settings.t_max, eos_ids,
+                          config.pad_token_id, max_batch_size or B),
+            processors, user_criteria, decoder_input_ids, first_soft,
+        )
+        prompts = strip_padding(input_ids, attention_mask)
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("`attention_mask` marks every token of some row as padding; each row needs a prompt")
+        rows = scheduler.run(prompts)
+        pad = config.pad_token_id
+        sequences = assemble(rows, input_ids, L, pad if pad is not None else 0)
+        passes = torch.tensor([r.passes for r in rows], dtype=torch.int32, device=device)
+        if not config.return_dict_in_generate:
+            return sequences
+        return DiffusionGemmaGenerationOutput(
+            sequences=sequences, tokens_per_forward=tokens_per_forward(sequences[:, P:], passes, pad)
+        )
     if streamer is not None:
         streamer.put(input_ids.cpu())
 

@@ -110,3 +110,75 @@ class RecordingLayerCache:
             values = torch.cat([self.prefix_values[:, :, : self.length], value], dim=2)
         self.keys, self.values = keys, values
         return keys[:, :, kv_start:], values[:, :, kv_start:]
+
+
+class RowCache:
+    """KV cache for mixed-phase batches: every batch row has its own committed length (spec C.10 per row).
+
+    Rows are independent sequences: row b's token t sits at slot t of row b, there is no left padding, and a pass
+    writes row b's T keys/values at slots [S_b, S_b + T). Only the first `q_len_b` of them are real; the rest
+    (padding queries of a row with fewer tokens than the pass) land in slots the row has not reached yet, which its
+    mask hides and its next pass overwrites. Encoder rows commit their tokens with `advance`, denoising rows do not,
+    so their canvas sits in the reserved slots right after their prefix.
+
+    Rows are slots of a pool: `active` rows [0, n) take part in the current pass, `move` compacts the pool when a row
+    leaves and `reset` frees a row for the next request.
+
+    Args:
+        shapes: the `LayerShape` of every layer.
+        batch: pool size (most rows in one pass).
+        capacity: slots per row, including room for padding queries (max prompt + new tokens + longest pass).
+        device: where the committed lengths live (the model's device).
+    """
+
+    def __init__(self, shapes: list[LayerShape], batch: int, capacity: int, device: torch.device | str = "cpu"):
+        self.shapes = list(shapes)
+        self.batch, self.capacity = batch, capacity
+        self.keys: list[torch.Tensor | None] = [None] * len(shapes)
+        self.values: list[torch.Tensor | None] = [None] * len(shapes)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed slots S_b
+        self._index: torch.Tensor | None = None  # [n, 1, T, 1] write slots of the current pass
+        self._end = 0
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def begin(self, starts: torch.Tensor, num_q: int) -> int:
+        """Prepare a pass of the first n = len(starts) rows writing T = num_q slots each from starts [n]; returns
+        kv_end = max(S_b) + T, the end of the key view every layer reads."""
+        self._end = int(starts.max()) + num_q
+        if self._end > self.capacity:
+            raise ValueError(f"pass needs {self._end} slots, the cache holds {self.capacity}")
+        self._index = (starts[:, None] + torch.arange(num_q, device=starts.device))[:, None, :, None]
+        return self._end
+
+    def write(
+        self, layer: int, key: torch.Tensor, value: torch.Tensor, kv_start: int, persist: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scatter key/value [n, K, T, D] to each row's slots [S_b, S_b + T); return views [n, K, kv_end-kv_start, D]
+        (`persist` is ignored: the caller advances committed lengths per row)."""
+        n, K, T, D = key.shape
+        if self.keys[layer] is None:
+            self.keys[layer] = key.new_zeros(self.batch, K, self.capacity, D)
+            self.values[layer] = value.new_zeros(self.batch, K, self.capacity, D)
+        index = self._index.expand(n, K, T, D)
+        keys, values = self.keys[layer][:n], self.values[layer][:n]
+        keys.scatter_(2, index, key)
+        values.scatter_(2, index, value)
+        return keys[:, :, kv_start : self._end], values[:, :, kv_start : self._end]
+
+    def advance(self, tokens: torch.Tensor) -> None:
+        """Commit tokens [n] per row (0 for denoising rows): S_b += tokens_b for the first n rows."""
+        self.lengths[: len(tokens)] += tokens
+
+    def move(self, src: int, dst: int) -> None:
+        """Row `src`'s cache becomes row `dst`'s (compaction when a row leaves the pool)."""
+        for store in (self.keys, self.values):
+            for buf in store:
+                if buf is not None:
+                    buf[dst] = buf[src]
+        self.lengths[dst] = self.lengths[src]
+
+    def reset(self, row: int) -> None:
+        """Free a row for a new sequence."""
+        self.lengths[row] = 0

@@ -179,3 +179,51 @@ def build_decoder_masks(
             mask = materialize(key_padding(full_keep, kv0), batch, canvas_length, kv1 - kv0, device, backend)
         out[layer_type] = LayerMask(kv0, kv1, mask)
     return out
+
+
+def build_row_masks(
+    shapes: dict[str, LayerShape],
+    starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    encoder_rows: torch.Tensor,
+    num_q: int,
+    causal_encoder: bool,
+    device: torch.device,
+    backend: str = "sdpa",
+) -> dict[str, LayerMask]:
+    """Masks for a mixed-phase pass (`RowCache`): row b writes its q_len_b tokens at slots [S_b, S_b + q_len_b).
+
+    Per row, the causal flag decides the pattern: encoder rows (prefill or commit) attend causally with the sliding
+    window, exactly as `build_encoder_masks`; denoising rows attend bidirectionally to their whole canvas and to the
+    committed prefix, as `build_decoder_masks`. Every row sees only its own written slots; sliding layers retain the
+    last W-1 committed slots of each row. Queries past q_len_b (padding) see what a real query of the row would.
+
+    Args:
+        starts: [B] committed slots S_b per row.
+        q_lens: [B] real tokens per row in this pass (<= num_q).
+        encoder_rows: [B] bool, True for the causal rows.
+        num_q: T, the query length of the pass (the longest row).
+    """
+    out = {}
+    for layer_type, shape in shapes.items():
+        kv0 = _first_visible_slot(shape, int(starts.min()))
+        kv1 = int(starts.max()) + num_q
+
+        def mod(b, h, q, kv, shape=shape, kv0=kv0):
+            start = starts[b]
+            q_slot, kv_slot = q + start, kv + kv0
+            visible = kv_slot < start + q_lens[b]  # only this row's written slots
+            if shape.is_sliding:  # the row's cache keeps its last W-1 committed slots
+                visible = visible & (kv_slot > start - shape.sliding_window)
+            if causal_encoder:
+                encoder = kv_slot <= q_slot
+                if shape.is_sliding:
+                    encoder = encoder & (q_slot - kv_slot < shape.sliding_window)
+            elif shape.is_sliding:
+                encoder = (q_slot - kv_slot).abs() <= shape.sliding_window
+            else:
+                encoder = torch.ones_like(visible)
+            return visible & (encoder | ~encoder_rows[b])
+
+        out[layer_type] = LayerMask(kv0, kv1, materialize(mod, len(starts), num_q, kv1 - kv0, device, backend))
+    return out

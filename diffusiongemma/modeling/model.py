@@ -217,6 +217,22 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
             collect=collect,
         )
 
+    def run_rows(
+        self,
+        tokens: torch.Tensor,
+        cache,
+        q_lens: torch.Tensor,
+        encoder_rows: torch.Tensor,
+        soft_embeddings: torch.Tensor | None = None,
+        soft_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Mixed-phase pass over a `RowCache` (see `DiffusionGemmaTextStack.run_rows`): tokens [n, T] -> post-norm
+        hidden [n, T, H]; encoder rows commit, denoising rows (soft_rows ascending) get self-conditioning."""
+        return self.model.decoder.run_rows(
+            tokens, cache, q_lens, encoder_rows, self.model.encoder.layer_scalars(), soft_embeddings, soft_rows,
+            canvas_length=self.canvas_length, backend=self.attention_backend,
+        )
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,

@@ -10,10 +10,10 @@ from torch import nn
 
 from .attention import PassContext
 from .blocks import RMSNorm, ScaledEmbedding, SelfConditioning
-from .cache import BlockDiffusionCache, RecordingLayerCache
+from .cache import BlockDiffusionCache, RecordingLayerCache, RowCache
 from .config import DiffusionGemmaTextConfig, encoder_is_causal, layer_shape
 from .layers import DiffusionGemmaLayer
-from .masks import build_decoder_masks, build_encoder_masks
+from .masks import build_decoder_masks, build_encoder_masks, build_row_masks
 from .rope import rope_cos_sin, rope_inv_freq
 
 
@@ -134,3 +134,51 @@ class DiffusionGemmaTextStack(nn.Module):
         ctx = PassContext(self._rope(positions, x.dtype), masks, cache, False, backend)
         scalars = [layer.layer_scalar for layer in self.layers]
         return self._run(x, ctx, scalars, collect)
+
+    def run_rows(
+        self,
+        tokens: torch.Tensor,
+        cache: RowCache,
+        q_lens: torch.Tensor,
+        encoder_rows: torch.Tensor,
+        encoder_scalars: list[torch.Tensor],
+        soft_embeddings: torch.Tensor | None = None,
+        soft_rows: torch.Tensor | None = None,
+        canvas_length: int = 0,
+        backend: str = "sdpa",
+    ) -> torch.Tensor:
+        """One mixed-phase pass: every row is an encoder row (prefill or commit: causal, its tokens get committed) or
+        a denoising row (bidirectional canvas with self-conditioning, reads its prefix); all share one forward.
+
+        Args:
+            tokens: [n, T] ids per row, left-aligned; row b's first q_lens[b] are real, the rest padding.
+            cache: the `RowCache`; rows [0, n) take part. Encoder rows' committed lengths advance by q_lens.
+            encoder_rows: [n] bool.
+            encoder_scalars: the encoder-mode `layer_scalar` of every layer (decoder rows use the layer's own).
+            soft_embeddings: [m, L, H] self-conditioning input of the denoising rows `soft_rows` [m] (the others are
+                on their first step and have none).
+            canvas_length: L, the denoising rows' real tokens (self-conditioning applies to those).
+        Returns:
+            post-norm hidden states [n, T, H].
+        """
+        n, T = tokens.shape
+        starts = cache.lengths[:n]
+        x = self.embed_tokens(tokens)  # [n, T, H]
+        decoding = (~encoder_rows).nonzero().view(-1)
+        if len(decoding):
+            L = canvas_length
+            canvas = x[decoding, :L]  # [d, L, H]
+            canvas = self.self_conditioning(canvas, None)  # first step: no self-conditioning input
+            if soft_rows is not None and len(soft_rows):
+                canvas[torch.isin(decoding, soft_rows)] = self.self_conditioning(x[soft_rows, :L], soft_embeddings)
+            x[decoding, :L] = canvas
+        positions = starts[:, None] + torch.arange(T, device=tokens.device)  # [n, T]
+        masks = build_row_masks(self.type_shapes, starts, q_lens, encoder_rows, T, self.causal_encoder,
+                                tokens.device, backend)
+        cache.begin(starts, T)
+        ctx = PassContext(self._rope(positions, x.dtype), masks, cache, False, backend)
+        pick = encoder_rows[:, None, None]
+        scalars = [torch.where(pick, enc, layer.layer_scalar) for enc, layer in zip(encoder_scalars, self.layers)]
+        hidden = self._run(x, ctx, scalars, None)
+        cache.advance(torch.where(encoder_rows, q_lens, 0))
+        return hidden

@@ -1,0 +1,199 @@
+"""Mixed-phase batching for fast mode: every row runs its own block-autoregressive schedule.
+
+Lock-step batching (`loop.py`) commits all rows together, so a row whose canvas converged waits for the slowest row,
+and a finished row keeps its place in the batch. Here each row moves on as soon as it can: a converged canvas is
+committed at once (an encoder pass) and the row starts its next canvas while the others keep denoising. Prefill,
+commit and denoising rows share one forward (`model.run_rows`: a causal or bidirectional flag per row over a
+`RowCache` with one committed length per row). A row that finished its sequence leaves the pool, and with
+`max_batch_size` smaller than the batch the next waiting prompt takes its place.
+
+Rows are independent sequences: left padding is stripped, every row draws from its own generator in the same order
+as when it runs alone, so its output equals running it alone (up to float rounding between batch shapes).
+
+Legend: N rows in the request batch, n rows in the pool, T tokens in a pass, L canvas length, V vocab, H hidden.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..modeling.cache import RowCache
+from .sampler import temperature_at
+from .stopping import pad_after_eos
+
+PREFILL, COMMIT, DENOISE = "prefill", "commit", "denoise"
+
+
+@dataclass
+class Row:
+    """One request's progress. `tokens` is what the next pass feeds: the prompt, a canvas to commit, or the canvas
+    being denoised."""
+
+    index: int  # row in the request batch (and its generator)
+    prompt: torch.Tensor  # [P_r] without padding
+    phase: str = PREFILL
+    tokens: torch.Tensor | None = None  # [T_r]
+    argmax: torch.Tensor | None = None  # [L] argmax canvas of the latest step
+    soft: torch.Tensor | None = None  # [L, H] self-conditioning input, None on a canvas' first step
+    steps_remaining: int = 0
+    passes: int = 0
+    canvases: list = field(default_factory=list)  # committed [L] canvases
+    stopper: object = None
+
+
+@dataclass
+class MixedSettings:
+    """What the schedule needs from `generate` (resolved and validated there)."""
+
+    num_canvases: int
+    max_steps: int
+    t_min: float
+    t_max: float
+    eos_ids: torch.Tensor | None
+    pad_token_id: int | None
+    max_batch_size: int
+
+
+def strip_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[torch.Tensor]:
+    """[N, P] (+ mask) -> N prompts without their padding."""
+    if attention_mask is None:
+        return list(input_ids)
+    return [ids[mask.bool()] for ids, mask in zip(input_ids, attention_mask)]
+
+
+class MixedScheduler:
+    """Runs the pool until every row finished. See the module docstring.
+
+    Args:
+        model: the `DiffusionGemmaForBlockDiffusion`.
+        sampler: a `FastSampler` (one generator per request row).
+        new_stopper: builds one stopper per row (they keep per-row history).
+        settings: `MixedSettings`.
+        processors / user_criteria: as in `generate`, called per row.
+        first_canvas: optional [N, L] ids seeding each row's first canvas; first_soft: optional [N, L, H].
+    """
+
+    def __init__(self, model, sampler, new_stopper, settings: MixedSettings, processors=None, user_criteria=None,
+                 first_canvas=None, first_soft=None):
+        self.model, self.sampler, self.settings = model, sampler, settings
+        self.new_stopper = new_stopper
+        self.processors, self.user_criteria = processors, user_criteria
+        self.first_canvas, self.first_soft = first_canvas, first_soft
+        self.L = model.canvas_length
+
+    def run(self, prompts: list[torch.Tensor]) -> list[Row]:
+        """Generate for every prompt; returns the finished rows in request order."""
+        s, L = self.settings, self.L
+        device = prompts[0].device
+        longest = max(len(p) for p in prompts)
+        pool = min(s.max_batch_size, len(prompts))
+        # room per row: its prompt and canvases, plus padding queries of a pass as long as the longest prompt
+        capacity = longest + s.num_canvases * L + max(longest, L)
+        cache = RowCache(self.model.model.decoder.shapes, pool, capacity, device)
+        waiting = [Row(i, p, tokens=p) for i, p in enumerate(prompts)]
+        waiting.reverse()  # pop() takes the first request
+        active: list[Row] = []
+        done: list[Row] = []
+        while waiting or active:
+            while waiting and len(active) < pool:  # free slots take the next prompts
+                cache.reset(len(active))
+                active.append(waiting.pop())
+            leaving = self._pass(active, cache)
+            for slot in sorted(leaving, reverse=True):  # compact: the last row moves into the freed slot
+                done.append(active[slot])
+                last = len(active) - 1
+                if slot != last:
+                    cache.move(last, slot)
+                    active[slot] = active[last]
+                active.pop()
+        return sorted(done, key=lambda r: r.index)
+
+    def _pass(self, active: list[Row], cache: RowCache) -> list[int]:
+        """One shared forward over the pool, then every row's transition. Returns the slots of rows that finished."""
+        L, n = self.L, len(active)
+        device = cache.lengths.device
+        T = max(len(r.tokens) for r in active)
+        tokens = torch.zeros(n, T, dtype=torch.long, device=device)
+        for i, r in enumerate(active):
+            tokens[i, : len(r.tokens)] = r.tokens
+        q_lens = torch.tensor([len(r.tokens) for r in active], device=device)
+        encoder_rows = torch.tensor([r.phase != DENOISE for r in active], device=device)
+        soft_slots = [i for i, r in enumerate(active) if r.phase == DENOISE and r.soft is not None]
+        soft = torch.stack([active[i].soft for i in soft_slots]) if soft_slots else None
+        hidden = self.model.run_rows(
+            tokens, cache, q_lens, encoder_rows, soft, torch.tensor(soft_slots, dtype=torch.long, device=device)
+        )  # [n, T, H]
+        denoising = [i for i, r in enumerate(active) if r.phase == DENOISE]
+        encoding = [r for r in active if r.phase != DENOISE]
+        leaving = self._denoise_step([active[i] for i in denoising], hidden[denoising, :L], denoising) if denoising \
+            else []
+        for r in encoding:  # prefill or commit done: the next canvas starts
+            self._start_canvas(r)
+        return leaving
+
+    def _start_canvas(self, r: Row) -> None:
+        s = self.settings
+        rows = torch.tensor([r.index])
+        r.tokens = self.sampler.init_canvas(1, self.L, r.prompt.device, rows=rows)[0]  # RNG: canvas init (D.4.3)
+        r.soft = None
+        if not r.canvases and self.first_canvas is not None:
+            r.tokens = self.first_canvas[r.index]
+        if not r.canvases and self.first_soft is not None:
+            r.soft = self.first_soft[r.index]
+        r.argmax = r.tokens
+        r.phase, r.steps_remaining = DENOISE, s.max_steps
+        r.stopper = self.new_stopper()
+        r.stopper.reset(1)
+
+    def _denoise_step(self, rows: list[Row], hidden: torch.Tensor, slots: list[int]) -> list[int]:
+        """LM head, temperature, sampler and stopping for the denoising rows; hidden [d, L, H]."""
+        s, stack = self.settings, self.model.model.decoder
+        logits = self.model.head(hidden)  # [d, L, V] fp32
+        if self.processors:
+            for j, r in enumerate(rows):
+                seen = torch.cat([r.prompt, *r.canvases])[None]
+                step = torch.tensor(r.steps_remaining, dtype=torch.int32)
+                logits[j : j + 1] = self.processors(seen, logits[j : j + 1], cur_step=step)
+        temperature = torch.stack([temperature_at(r.steps_remaining, s.max_steps, s.t_min, s.t_max) for r in rows])
+        logits.div_(temperature.to(logits.device)[:, None, None])
+        ids = torch.tensor([r.index for r in rows])
+        out = self.sampler.step(logits, ids, stack.embed_tokens.soft)
+        leaving = []
+        for j, (r, slot) in enumerate(zip(rows, slots)):
+            r.tokens, r.argmax, r.soft = out.canvas[j], out.argmax[j], out.soft[j]
+            r.passes += 1
+            r.steps_remaining -= 1
+            stop = bool(r.stopper(out.argmax[j : j + 1], out.entropy[j : j + 1])[0])
+            if stop or r.steps_remaining == 0:
+                if self._finish_canvas(r):
+                    leaving.append(slot)
+        return leaving
+
+    def _finish_canvas(self, r: Row) -> bool:
+        """Append the argmax canvas; True if the row's sequence is done, else it commits that canvas next pass."""
+        s = self.settings
+        canvas = r.argmax
+        finished = len(r.canvases) + 1 >= s.num_canvases
+        if s.eos_ids is not None and bool(torch.isin(canvas, s.eos_ids).any()):
+            finished = True
+            if s.pad_token_id is not None:
+                canvas = pad_after_eos(canvas[None], s.eos_ids, s.pad_token_id)[0]
+        r.canvases.append(canvas)
+        if self.user_criteria and not finished:
+            seen = torch.cat([r.prompt, *r.canvases])[None]
+            finished = bool(self.user_criteria(seen, None, new_token_length=self.L)[0])
+        if not finished:
+            r.phase, r.tokens = COMMIT, r.argmax
+        return finished
+
+
+def assemble(rows: list[Row], input_ids: torch.Tensor, canvas_length: int, fill: int) -> torch.Tensor:
+    """[N, P + c*L]: each row's original (padded) prompt, its canvases, then `fill` up to the longest row."""
+    most = max(len(r.canvases) for r in rows)
+    out = input_ids.new_full((len(rows), input_ids.shape[1] + most * canvas_length), fill)
+    out[:, : input_ids.shape[1]] = input_ids
+    for r in rows:
+        if r.canvases:
+            out[r.index, input_ids.shape[1] : input_ids.shape[1] + len(r.canvases) * canvas_length] = torch.cat(
+                r.canvases)
+    return out

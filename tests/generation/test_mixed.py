@@ -1,0 +1,144 @@
+"""Mixed-phase batching (generation/mixed.py): rows commit on their own, finished rows leave, a pool smaller than the
+batch is refilled, and every row's output equals running it alone and equals lock-step batching."""
+
+import pytest
+import torch
+from transformers import LogitsProcessor, StoppingCriteria
+
+from conftest import tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+L = 16
+# with the sharpened model below, these settings make rows stop after 2 to 10 steps
+KW = dict(max_new_tokens=48, max_denoising_steps=10, pad_token_id=0, stability_threshold=0, confidence_threshold=0.8,
+          return_dict_in_generate=True)
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A tiny model with logits sharp enough that rows converge at different steps (random ones stay uniform)."""
+    model = tiny_model()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)  # tied with the embedding
+    return model
+
+
+def prompts(batch: int, length: int = 6, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, 128, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+class PassLog:
+    """Wraps model.run_rows to record (rows, encoder rows) of every mixed-phase pass."""
+
+    def __init__(self, model, monkeypatch):
+        self.passes = []
+        inner = model.run_rows
+
+        def run_rows(tokens, cache, q_lens, encoder_rows, *args):
+            self.passes.append((len(tokens), int(encoder_rows.sum())))
+            return inner(tokens, cache, q_lens, encoder_rows, *args)
+
+        monkeypatch.setattr(model, "run_rows", run_rows)
+
+
+@pytest.mark.parametrize("settings", [dict(), dict(eos_token_id=7), dict(stability_threshold=1, confidence_threshold=2.0),
+                                      dict(confidence_threshold=1e-9)])
+def test_mixed_equals_lockstep_and_running_alone(model, settings):
+    ids, kw = prompts(4), dict(KW, **settings)
+    mixed = model.generate(ids, sampling="fast", seed=11, batching="mixed", **kw)
+    lock = model.generate(ids, sampling="fast", seed=11, batching="lockstep", **kw)
+    assert torch.equal(mixed.sequences, lock.sequences)
+    torch.testing.assert_close(mixed.tokens_per_forward, lock.tokens_per_forward)
+    for r in range(4):
+        alone = model.generate(ids[r : r + 1], sampling="fast", seed=[11 + r], **kw).sequences[0]
+        assert torch.equal(mixed.sequences[r, : len(alone)], alone)
+        assert bool((mixed.sequences[r, len(alone) :] == 0).all())
+
+
+def test_rows_commit_independently_and_leave(model, monkeypatch):
+    log = PassLog(model, monkeypatch)
+    out = model.generate(prompts(4), sampling="fast", seed=3, **KW)  # mixed is the fast-mode default
+    assert out.sequences.shape == (4, 6 + 3 * L)
+    assert log.passes[0] == (4, 4)  # one prefill pass for the whole pool
+    assert any(0 < enc < rows for rows, enc in log.passes)  # a commit shared a forward with denoising rows
+    assert log.passes[-1][0] < 4  # finished rows left the batch
+    passes = (out.sequences[:, 6:] != 0).sum(-1) / out.tokens_per_forward  # denoising passes per row
+    assert len(set(passes.round().tolist())) > 1  # the rows really progressed at different speeds
+    # every row-pass did work: prefill + denoising passes + commits of all but the last canvas
+    assert sum(rows for rows, _ in log.passes) == int(passes.round().sum()) + 4 + 4 * 2
+
+
+def test_pool_smaller_than_batch_is_refilled(model, monkeypatch):
+    ids = prompts(5, seed=2)
+    full = model.generate(ids, sampling="fast", seed=0, **KW).sequences
+    log = PassLog(model, monkeypatch)
+    pooled = model.generate(ids, sampling="fast", seed=0, max_batch_size=2, **KW).sequences
+    assert torch.equal(pooled, full)
+    assert max(rows for rows, _ in log.passes) == 2
+    chunks = model.generate(ids, sampling="fast", seed=0, batching="lockstep", max_batch_size=2, **KW).sequences
+    assert torch.equal(chunks, full)
+
+
+def test_mixed_needs_fewer_row_passes_than_lockstep(model, monkeypatch):
+    ids = prompts(4, seed=5)
+    log = PassLog(model, monkeypatch)
+    model.generate(ids, sampling="fast", seed=1, max_batch_size=2, **KW)
+    mixed_rows = sum(rows for rows, _ in log.passes)
+    calls = []
+    monkeypatch.setattr(model, "denoise", lambda canvas, *a, **k: calls.append(len(canvas)) or
+                        type(model).denoise(model, canvas, *a, **k))
+    model.generate(ids, sampling="fast", seed=1, batching="lockstep", max_batch_size=2, **KW)
+    assert mixed_rows < sum(calls) + 3 * 4  # lock-step: denoising row-passes + prefill and commits of every row
+
+
+def test_padded_rows_equal_their_unpadded_prompt_alone(model):
+    short, long_ = prompts(1, 3, seed=1)[0], prompts(1, 9, seed=2)[0]
+    ids = torch.stack([torch.cat([torch.zeros(6, dtype=torch.long), short]), long_])
+    mask = (torch.arange(9) >= torch.tensor([[6], [0]])).long()
+    out = model.generate(ids, attention_mask=mask, sampling="fast", seed=[4, 8], **KW).sequences
+    assert torch.equal(out[:, :9], ids)  # the prompt comes back as given, padding included
+    for row, (prompt, seed) in enumerate([(short, 4), (long_, 8)]):
+        alone = model.generate(prompt[None], sampling="fast", seed=[seed], **KW).sequences[0, len(prompt) :]
+        assert torch.equal(out[row, 9 : 9 + len(alone)], alone)
+
+
+class BanToken(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+        scores[..., 5] = -float("inf")
+        return scores
+
+
+class StopAfterOneCanvas(StoppingCriteria):
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= 6 + L, dtype=torch.bool)
+
+
+def test_processors_criteria_and_seeded_first_canvas_match_lockstep(model):
+    ids = prompts(3, seed=4)
+    g = torch.Generator().manual_seed(0)
+    kw = dict(KW, logits_processor=[BanToken()], decoder_input_ids=torch.randint(3, 128, (3, L), generator=g),
+              self_conditioning_logits=torch.randn(3, L, 128, generator=g))
+    mixed = model.generate(ids, sampling="fast", seed=2, **kw).sequences
+    assert not bool((mixed[:, 6:] == 5).any())
+    assert torch.equal(mixed, model.generate(ids, sampling="fast", seed=2, batching="lockstep", **kw).sequences)
+    stopped = model.generate(ids, sampling="fast", seed=2, stopping_criteria=[StopAfterOneCanvas()], **KW).sequences
+    assert stopped.shape == (3, 6 + L)
+
+
+def test_bad_batching_arguments(model):
+    ids = prompts(2)
+    with pytest.raises(ValueError, match="`batching` must be one of"):
+        model.generate(ids, sampling="fast", batching="continuous", **KW)
+    with pytest.raises(ValueError, match="need sampling='fast'"):
+        model.generate(ids, batching="mixed", **KW)
+    with pytest.raises(ValueError, match="need sampling='fast'"):
+        model.generate(ids, max_batch_size=1, **KW)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="`max_batch_size` must be a positive int"):
+            model.generate(ids, sampling="fast", max_batch_size=bad, **KW)
+    with pytest.raises(ValueError, match="streamer"):
+        model.generate(ids, sampling="fast", batching="mixed", streamer=object(), **KW)
+    with pytest.raises(ValueError, match="past_key_values"):
+        model.generate(ids, sampling="fast", batching="mixed", past_key_values=model.new_cache(), **KW)
+    with pytest.raises(ValueError, match="every token of some row"):
+        model.generate(ids, attention_mask=torch.tensor([[1] * 6, [0] * 6]), sampling="fast", **KW)
