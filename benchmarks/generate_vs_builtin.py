@@ -112,6 +112,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     parser.add_argument("--memory", action="store_true", help="also measure peak memory of one generate per side")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per implementation first")
+    parser.add_argument("--batching", default=None, choices=["mixed", "lockstep"],
+                        help="fast mode's batching (default: generate's, mixed for batch > 1)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -119,7 +122,7 @@ def main() -> None:
           f"{platform.machine()} {platform.processor() or ''}, threads {torch.get_num_threads()}")
     print(f"canvas {args.canvas}, {args.steps} denoising steps, prompt {args.prompt}, new tokens {args.new_tokens}")
     print(f"{'vocab':>7} {'batch':>5} {'mode':>9} {'builtin s':>10} {'ours s':>8} {'ratio':>6}  same"
-          + ("  peak MB builtin / ours" if args.memory else ""))
+          + ("  peak MB builtin / ours (budget 2.5*B*L*V*4)" if args.memory else ""))
     for V in args.vocab:
         with tempfile.TemporaryDirectory() as folder:
             builtin, ours = load_pair(V, args.canvas, folder)
@@ -129,8 +132,11 @@ def main() -> None:
                 kw = dict(max_new_tokens=args.new_tokens, max_denoising_steps=args.steps)
                 for mode in args.mode:
                     run_builtin = lambda: (torch.manual_seed(7), builtin.generate(ids, **kw))[1].sequences
-                    run_ours = lambda: (torch.manual_seed(7), ours.generate(ids, sampling=mode, **kw))[1].sequences
-                    run_builtin(), run_ours()  # warm-up
+                    extra = {"batching": args.batching} if mode == "fast" and args.batching else {}
+                    run_ours = lambda: (torch.manual_seed(7),
+                                        ours.generate(ids, sampling=mode, **kw, **extra))[1].sequences
+                    for _ in range(args.warmup):
+                        run_builtin(), run_ours()
                     tb, to, same = [], [], True
                     for _ in range(args.repeats):
                         t, a = timed(run_builtin)
@@ -144,8 +150,10 @@ def main() -> None:
                     memory = ""
                     if args.memory:
                         mkw = dict(kw, prompt=args.prompt)
+                        budget = 2.5 * B * args.canvas * V * 4 / 2**20
+                        ours_mb = peak_generate_mb('ours', folder, mode, B, mkw, args.threads)
                         memory = (f"  {peak_generate_mb('builtin', folder, mode, B, mkw, args.threads):.0f} / "
-                                  f"{peak_generate_mb('ours', folder, mode, B, mkw, args.threads):.0f}")
+                                  f"{ours_mb:.0f} ({budget:.0f}, {'met' if ours_mb <= budget else 'MISSED'})")
                     print(f"{V:>7} {B:>5} {mode:>9} {mb:>10.3f} {mo:>8.3f} {mb / mo:>6.2f}  "
                           f"{'yes' if same else 'n/a' if mode == 'fast' else 'NO':>4}{memory}", flush=True)
             del builtin, ours

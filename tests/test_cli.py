@@ -23,7 +23,7 @@ def test_generate_help_explains_flags(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     out = capsys.readouterr().out
-    for flag in ("--model", "--max-new-tokens", "--steps", "--seed", "--dtype", "--chat", "--show-drafts"):
+    for flag in ("--model", "--max-new-tokens", "--steps", "--seed", "--sampling", "--dtype", "--chat", "--show-drafts"):
         assert flag in out
 
 
@@ -36,6 +36,18 @@ def test_generate_prints_the_same_text_as_generate(saved_pair, capsys):
     tok = tiny_tokenizer()
     torch.manual_seed(7)
     out = model.generate(tok("hello", return_tensors="pt")["input_ids"], max_new_tokens=16, max_denoising_steps=3)
+    assert printed.strip() == tok.decode(out.sequences[0, 5:], skip_special_tokens=True).strip()
+
+
+def test_generate_fast_sampling_prints_the_fast_tokens(saved_pair, capsys):
+    path, _, _ = saved_pair
+    assert main(["generate", "--model", str(path), "--max-new-tokens", "16", "--steps", "3", "--seed", "7",
+                 "--sampling", "fast", "--quiet", "hello"]) == 0
+    printed = capsys.readouterr().out
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(path)
+    tok = tiny_tokenizer()
+    out = model.generate(tok("hello", return_tensors="pt")["input_ids"], max_new_tokens=16, max_denoising_steps=3,
+                         sampling="fast", seed=7)
     assert printed.strip() == tok.decode(out.sequences[0, 5:], skip_special_tokens=True).strip()
 
 
