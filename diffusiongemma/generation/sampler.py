@@ -190,18 +190,26 @@ def _block_size(vocab_size: int) -> int:
     return b if b >= 32 else vocab_size
 
 
-def first_argmax(x: torch.Tensor) -> torch.Tensor:
+def first_argmax(x: torch.Tensor, block_max: torch.Tensor | None = None) -> torch.Tensor:
     """`x.argmax(-1)` for [R, V] (the first maximum), in two levels: block maxima, then one block.
 
     Same index as torch.argmax (ties go to the first occurrence in both levels), several times faster on CPU, where
-    argmax is not vectorized but amax is.
+    argmax is not vectorized but amax is. block_max: `block_maxima(x)` when the caller already has it.
     """
     R, V = x.shape
     b = _block_size(V)
     blocks = x.view(R, V // b, b)
-    block = blocks.amax(dim=-1).argmax(dim=-1)  # [R]
+    if block_max is None:
+        block_max = blocks.amax(dim=-1)  # [R, V/b]
+    block = block_max.argmax(dim=-1)  # [R]
     inside = blocks[torch.arange(R, device=x.device), block].argmax(dim=-1)  # [R]
     return block * b + inside
+
+
+def block_maxima(x: torch.Tensor) -> torch.Tensor:
+    """Maxima of x [R, V] over `first_argmax`'s blocks -> [R, V/b]; their max is the row max."""
+    R, V = x.shape
+    return x.view(R, V // _block_size(V), -1).amax(dim=-1)
 
 
 def inverse_cdf_sample(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -235,15 +243,22 @@ class OnePass(NamedTuple):
     probs: torch.Tensor  # [R, V] fp32 softmax (self-conditioning input)
 
 
-def one_pass(logits: torch.Tensor, uniforms: torch.Tensor) -> OnePass:
+def one_pass(logits: torch.Tensor, uniforms: torch.Tensor, scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+             ) -> OnePass:
     """Sample, argmax, entropy and softmax of logits [R, V] from one exp pass.
 
     With z = x - max, e = exp(z), s = sum(e): p = e / s, log p = z - log s, so
     H = -sum(p log p) = log s - sum(e z) / s. Example: x = [0, 0] -> z = [0, 0], s = 2, sum(e z) = 0, H = ln 2.
+
+    scratch: optional two fp32 [>= R, V] buffers for z and e, reused block after block: a fresh multi-MB tensor per
+    block costs more (page faults) than the exp itself. The returned probs then live in the second one.
     """
-    argmax = first_argmax(logits)
-    z = logits - logits.amax(dim=-1, keepdim=True)  # [R, V]
-    e = z.exp()
+    R = logits.shape[0]
+    z_out, e_out = (scratch[0][:R], scratch[1][:R]) if scratch is not None else (None, None)
+    block_max = block_maxima(logits)  # [R, V/b], one pass serves the argmax and the row max
+    argmax = first_argmax(logits, block_max)
+    z = torch.sub(logits, block_max.amax(dim=-1, keepdim=True), out=z_out)  # [R, V]
+    e = torch.exp(z, out=e_out)
     s = e.sum(dim=-1)  # [R]
     # -inf logits (masked by a processor) must contribute 0 * finite, not 0 * -inf
     ez = z.clamp_(min=torch.finfo(z.dtype).min).mul_(e).sum(dim=-1)  # [R] sum(e * z), z's buffer reused
@@ -372,9 +387,10 @@ class FastSampler:
         sample = torch.empty(B * L, dtype=torch.long, device=device)
         argmax, entropy = torch.empty_like(sample), torch.empty(B * L, device=device)
         soft = None
-        block = row_block(V)
+        block = min(row_block(V), B * L)
+        scratch = (logits.new_empty(block, V), logits.new_empty(block, V))  # z and e of one block, reused
         for a in range(0, B * L, block):
-            out = one_pass(flat[a : a + block], u[a : a + block])
+            out = one_pass(flat[a : a + block], u[a : a + block], scratch)  # out.probs lives in scratch[1]
             sample[a : a + block], argmax[a : a + block], entropy[a : a + block] = out.sample, out.argmax, out.entropy
             if soft_embed is not None:
                 piece = soft_embed(out.probs)  # [R, H]
