@@ -51,20 +51,26 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     return probs @ v  # [B, N, T, D]
 
 
+def is_gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """More query heads than kv heads. A branch, not `q.shape[1] != k.shape[1]` itself: under torch.compile with
+    dynamic shapes that comparison is a symbolic bool, which SDPA and flex_attention refuse (a graph break)."""
+    return True if q.shape[1] != k.shape[1] else False
+
+
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """PyTorch SDPA with native GQA (no repeated K/V copies) and scaling 1.0 (spec C.5)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=q.shape[1] != k.shape[1])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=is_gqa(q, k))
 
 
 def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
     """torch's flex_attention with a `BlockMask` from masks.py (None = no mask), scaling 1.0, native GQA.
 
-    Without torch.compile it runs PyTorch's unfused reference path (correct, slower than SDPA on CPU); wrap the model
-    in `torch.compile` to get the fused kernel.
+    Without torch.compile it runs PyTorch's unfused reference path (correct, slower than SDPA on CPU);
+    `compile_layers` (modeling/compile.py) compiles it into the fused kernel.
     """
     from torch.nn.attention.flex_attention import flex_attention as flex
 
-    return flex(q, k, v, block_mask=mask, scale=1.0, enable_gqa=q.shape[1] != k.shape[1])
+    return flex(q, k, v, block_mask=mask, scale=1.0, enable_gqa=is_gqa(q, k))
 
 
 ATTENTION_FUNCTIONS = {"sdpa": sdpa_attention, "eager": eager_attention, "flex": flex_attention}
@@ -97,17 +103,26 @@ class DiffusionGemmaAttention(nn.Module):
         self.k_norm = RMSNorm(D, eps)
         self.v_norm = RMSNorm(D, eps, with_scale=False)
 
-    def forward(self, h: torch.Tensor, ctx: PassContext, layer_idx: int) -> torch.Tensor:
-        """h [B, T, H] (already input-normed) -> [B, T, H]."""
+    def project(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """h [B, T, H] (already input-normed) -> q [B, N, T, D], k and v [B, K, T, D], normed, q/k rotated."""
         B, T, _ = h.shape
-        cos, sin = ctx.cos_sin[self.shape.layer_type]
-        mask: LayerMask = ctx.masks[self.shape.layer_type]
         q = apply_rope(self.q_norm(self.q_proj(h).view(B, T, -1, self.head_dim)), cos, sin)  # [B, T, N, D]
         raw_k = self.k_proj(h).view(B, T, -1, self.head_dim)  # [B, T, K, D]
         raw_v = self.v_proj(h).view(B, T, -1, self.head_dim) if self.v_proj is not None else raw_k
         k = apply_rope(self.k_norm(raw_k), cos, sin)
         v = self.v_norm(raw_v)
-        k, v = ctx.cache.write(layer_idx, k.transpose(1, 2), v.transpose(1, 2), mask.kv_start, ctx.persist)  # [B,K,KV,D]
-        attend = ATTENTION_FUNCTIONS[ctx.backend]
-        out = attend(q.transpose(1, 2), k, v, mask.mask)  # [B, N, T, D]
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, backend: str) -> torch.Tensor:
+        """q [B, N, T, D], cached k/v [B, K, KV, D], the finished mask -> o_proj output [B, T, H]."""
+        B, _, T, _ = q.shape
+        out = ATTENTION_FUNCTIONS[backend](q, k, v, mask)  # [B, N, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+    def forward(self, h: torch.Tensor, ctx: PassContext, layer_idx: int) -> torch.Tensor:
+        """h [B, T, H] (already input-normed) -> [B, T, H]: project, write the cache, attend."""
+        cos, sin = ctx.cos_sin[self.shape.layer_type]
+        mask: LayerMask = ctx.masks[self.shape.layer_type]
+        q, k, v = self.project(h, cos, sin)
+        k, v = ctx.cache.write(layer_idx, k, v, mask.kv_start, ctx.persist)  # [B, K, KV, D]
+        return self.attend(q, k, v, mask.mask, ctx.backend)

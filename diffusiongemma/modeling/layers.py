@@ -39,6 +39,10 @@ class DiffusionGemmaLayer(nn.Module):
     def forward(self, x: torch.Tensor, ctx: PassContext, layer_idx: int, layer_scalar: torch.Tensor) -> torch.Tensor:
         """x [B, T, H] -> [B, T, H]."""
         attn = self.self_attn(self.input_layernorm(x), ctx, layer_idx)
+        return self.feed_forward(x, attn, layer_scalar)
+
+    def feed_forward(self, x: torch.Tensor, attn: torch.Tensor, layer_scalar: torch.Tensor) -> torch.Tensor:
+        """Everything after attention: residual, dense MLP and routed experts in parallel. x, attn [B, T, H]."""
         x1 = x + self.post_attention_layernorm(attn)
         dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x1)))
         flat = x1.reshape(-1, x1.shape[-1])  # [B*T, H]

@@ -56,27 +56,75 @@ def _grouped_mm_fn():
     return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
+@torch.library.custom_op("diffusiongemma::grouped_mm", mutates_args=())
+def opaque_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """`grouped_mm(a, b, offs=offs)` as one opaque op: a [R, K] x b [E, K, N] -> [R, N], or (the weight gradient)
+    a [K, R] x b [R, N] -> [E, K, N].
+
+    torch.compile traces grouped_mm for bf16 only; under compile other dtypes go through this op, which runs the same
+    eager kernel, so the graph does not break and the arithmetic is the eager one.
+    """
+    return _grouped_mm_fn()(a, b, offs=offs)
+
+
+@opaque_grouped_mm.register_fake
+def _(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    if b.dim() == 3:
+        return a.new_empty(a.shape[0], b.shape[-1])
+    return a.new_empty(offs.shape[0], a.shape[0], b.shape[-1])
+
+
+def _save_grouped_mm_inputs(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _grouped_mm_backward(ctx, grad):
+    a, b, offs = ctx.saved_tensors  # a [R, K], b [E, K, N], grad [R, N]
+    grad = grad.contiguous()  # the kernel wants real strides; an upstream sum may hand over an expanded tensor
+    grad_a = opaque_grouped_mm(grad, b.transpose(-2, -1), offs) if ctx.needs_input_grad[0] else None
+    grad_b = opaque_grouped_mm(a.transpose(0, 1), grad, offs) if ctx.needs_input_grad[1] else None
+    return grad_a, grad_b, None
+
+
+opaque_grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_save_grouped_mm_inputs)
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """torch's grouped_mm; under torch.compile in a dtype it cannot trace, the opaque op around the same kernel."""
+    if torch.compiler.is_compiling() and a.dtype != torch.bfloat16:
+        return opaque_grouped_mm(a, b, offs)
+    return _grouped_mm_fn()(a, b, offs=offs)
+
+
 def can_use_grouped_mm(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """One grouped GEMM for all experts: CUDA sm80+, or CPU (torch >= 2.9 has a kernel) with 16-byte aligned rows.
 
     transformers' built-in experts take this path by default on the same devices; matching it keeps reference-mode
     sampling bit-exact.
     """
-    if _grouped_mm_fn() is None or (torch.compiler.is_compiling() and weight.dtype != torch.bfloat16):
-        return False  # inductor lowers grouped_mm for bf16 only
+    if _grouped_mm_fn() is None:
+        return False
     if weight.is_cuda:
-        return torch.cuda.get_device_capability(weight.device) >= (8, 0)
+        return torch.cuda.get_device_properties(weight.device).major >= 8  # sm80+; torch.compile folds this call
     aligned = all(n * x.element_size() % 16 == 0 for n in (weight.shape[-1], weight.shape[-2] // 2))
     return weight.device.type == "cpu" and aligned
 
 
-def grouped_expert_ffn(rows: torch.Tensor, counts: list[int], gate_up: torch.Tensor, down: torch.Tensor):
-    """Every expert in two grouped GEMMs: rows [R, H] sorted by expert, counts [E], gate_up [E, 2I, H],
-    down [E, H, I] -> [R, H]."""
-    grouped_mm = _grouped_mm_fn()
-    offsets = torch.tensor(counts, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(rows.device)  # [E]
-    gate, up = grouped_mm(rows, gate_up.transpose(-2, -1), offs=offsets).chunk(2, dim=-1)  # [R, I] each
-    return grouped_mm(gelu_tanh(gate) * up, down.transpose(-2, -1), offs=offsets)
+def expert_offsets(top_i: torch.Tensor, order: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """End row of every expert's block after sorting, int32 [E] (the `offs` of grouped_mm).
+
+    Computed on the device with a fixed shape: no host sync, nothing data-dependent for torch.compile.
+    """
+    sorted_ids = top_i.reshape(-1)[order]  # [T*k] ascending
+    experts = torch.arange(num_experts, device=top_i.device, dtype=sorted_ids.dtype)
+    return torch.searchsorted(sorted_ids, experts, right=True).to(torch.int32)
+
+
+def grouped_expert_ffn(rows: torch.Tensor, offsets: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor):
+    """Every expert in two grouped GEMMs: rows [R, H] sorted by expert, offsets int32 [E] (end row of each expert),
+    gate_up [E, 2I, H], down [E, H, I] -> [R, H]."""
+    gate, up = grouped_mm(rows, gate_up.transpose(-2, -1), offsets).chunk(2, dim=-1)  # [R, I] each
+    return grouped_mm(gelu_tanh(gate) * up, down.transpose(-2, -1), offsets)
 
 
 def looped_expert_ffn(rows: torch.Tensor, counts: list[int], expert_weights) -> torch.Tensor:
@@ -118,11 +166,13 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor) -> torch.Tensor:
         """x [T, H] (pre_feedforward_layernorm_2 output), top_w/top_i [T, k] -> [T, H]."""
-        order, tokens, counts = sorted_dispatch(top_i, self.num_experts)
-        rows = x[tokens]  # [T*k, H], contiguous per expert
-        if can_use_grouped_mm(rows, self.gate_up_proj):
-            y = grouped_expert_ffn(rows, counts, self.gate_up_proj, self.down_proj)
+        if can_use_grouped_mm(x, self.gate_up_proj):
+            order = torch.argsort(top_i.reshape(-1), stable=True)  # as sorted_dispatch, without the host counts
+            rows = x[order // top_i.shape[1]]  # [T*k, H], contiguous per expert
+            y = grouped_expert_ffn(rows, expert_offsets(top_i, order, self.num_experts), self.gate_up_proj,
+                                   self.down_proj)
         else:
-            y = looped_expert_ffn(rows, counts, self.expert_weights)
+            order, tokens, counts = sorted_dispatch(top_i, self.num_experts)
+            y = looped_expert_ffn(x[tokens], counts, self.expert_weights)
         weighted = y * top_w.reshape(-1)[order, None]  # [T*k, H], fp32 weights
         return combine(weighted, order, top_i).to(x.dtype)
