@@ -84,6 +84,12 @@ def other_layout(t: torch.Tensor) -> torch.Tensor:
     return t.new_empty(B, K, KV + 1, D)[:, :, :KV].copy_(t)
 
 
+def unviewed(t: torch.Tensor) -> torch.Tensor:
+    """The same memory as a tensor that is not a view (no autograd history to keep): dynamo guards a view's base
+    too, and the cache's views would then need graphs that a plain tensor of the same layout does not."""
+    return t if t.requires_grad else t.detach()
+
+
 def with_both_layouts_compiled(compiled: Callable) -> Callable:
     """`attend` that compiles the graph for the other key/value layout too, the first time it meets a kind of input.
 
@@ -93,10 +99,11 @@ def with_both_layouts_compiled(compiled: Callable) -> Callable:
     seen = set()
 
     def attend(q, k, v, mask, attention_backend):
+        k, v = unviewed(k), unviewed(v)
         kind = (q.shape[0] == 1, q.shape[1], k.shape[1], q.shape[3], q.dtype, type(mask), torch.is_grad_enabled())
         if kind not in seen:
             seen.add(kind)
-            compiled(q, other_layout(k), other_layout(v), mask, attention_backend)  # result unused: compiles only
+            compiled(q, unviewed(other_layout(k)), unviewed(other_layout(v)), mask, attention_backend)  # compiles
         return compiled(q, k, v, mask, attention_backend)
 
     return attend
