@@ -49,6 +49,8 @@ def add_generate_command(subparsers) -> None:
     p.add_argument("--sampling", choices=["reference", "fast"], default="reference",
                    help="reference: the built-in implementation's tokens (default); fast: the same distribution, "
                         "several times faster, its own random stream")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the decoder layers first (the first canvas pays the compilation)")
     p.add_argument("--dtype", type=_dtype, default="auto", help="float32, bfloat16, float16 or auto (default)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
@@ -90,6 +92,8 @@ def run_generate(args) -> int:
         skip_special_tokens=True,
     )
     progress = _ProgressLine(canvases, model.canvas_length, enabled=not args.quiet and not args.show_drafts)
+    if args.compile:
+        overrides["compile"] = True
     if args.sampling == "fast":
         overrides.update(sampling="fast", seed=args.seed)
     else:

@@ -23,7 +23,9 @@ def test_generate_help_explains_flags(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     out = capsys.readouterr().out
-    for flag in ("--model", "--max-new-tokens", "--steps", "--seed", "--sampling", "--dtype", "--chat", "--show-drafts"):
+    flags = ("--model", "--max-new-tokens", "--steps", "--seed", "--sampling", "--compile", "--dtype", "--chat",
+             "--show-drafts")
+    for flag in flags:
         assert flag in out
 
 
@@ -49,6 +51,21 @@ def test_generate_fast_sampling_prints_the_fast_tokens(saved_pair, capsys):
     out = model.generate(tok("hello", return_tensors="pt")["input_ids"], max_new_tokens=16, max_denoising_steps=3,
                          sampling="fast", seed=7)
     assert printed.strip() == tok.decode(out.sequences[0, 5:], skip_special_tokens=True).strip()
+
+
+def test_generate_compile_flag_reaches_generate(saved_pair, monkeypatch, capsys):
+    path, _, _ = saved_pair
+    seen = {}
+    real = DiffusionGemmaForBlockDiffusion.generate
+
+    def spy(self, *args, **kwargs):
+        seen.update(kwargs)
+        return real(self, *args, **dict(kwargs, compile={"backend": "eager"}))  # tracing only: fast
+
+    monkeypatch.setattr(DiffusionGemmaForBlockDiffusion, "generate", spy)
+    assert main(["generate", "--model", str(path), "--max-new-tokens", "16", "--steps", "2", "--compile", "--quiet",
+                 "hi"]) == 0
+    assert seen["compile"] is True
 
 
 def test_generate_chat_show_drafts_and_progress(saved_pair, capsys):

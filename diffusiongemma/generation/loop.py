@@ -12,6 +12,7 @@ from transformers import LogitsProcessorList, StoppingCriteriaList
 from transformers.utils import ModelOutput, logging
 
 from ..modeling.cache import BlockDiffusionCache
+from ..modeling.compile import compile_layers
 from ..modeling.validation import check_token_ids, padding_vector
 from .config import resolve_generation_config
 from .mixed import MixedScheduler, MixedSettings, assemble, strip_padding
@@ -247,6 +248,7 @@ def generate(
     generator: torch.Generator | list[torch.Generator] | None = None,
     batching: str | None = None,
     max_batch_size: int | None = None,
+    compile: bool | dict = False,
     **kwargs,
 ):
     """Generate whole canvases by block-autoregressive denoising.
@@ -272,6 +274,9 @@ def generate(
             commit together (the only choice in reference mode, with a streamer or with `past_key_values`).
         max_batch_size: fast mode only: at most this many rows per forward. "mixed" refills a freed slot with the
             next waiting prompt; "lockstep" runs the batch in consecutive chunks.
+        compile: True compiles every decoder layer with `torch.compile` first (`modeling.compile.compile_layers`;
+            sticky: the model stays compiled, `uncompile_layers` undoes it); a dict passes `mode`, `dynamic` or
+            `backend` to it. The first call pays the compilation.
         **kwargs: generation config fields (max_new_tokens, max_denoising_steps, t_min, ...) override the config;
             `decoder_input_ids` [B, L] and `self_conditioning_logits` [B, L, V] seed the first canvas.
     Returns:
@@ -326,6 +331,10 @@ def generate(
         raise ValueError("`seed` and `generator` apply to sampling='fast'; reference mode draws from the global RNG "
                          "like the built-in class (use torch.manual_seed)")
     batching = resolve_batching(batching, max_batch_size, fast, B, streamer, past_key_values)
+    if compile is not None and compile is not False:
+        if not isinstance(compile, (bool, dict)):
+            raise TypeError(f"`compile` must be a bool or a dict of compile_layers options, got {compile!r}")
+        compile_layers(model, **(compile if isinstance(compile, dict) else {}))
     generators = row_generators(B, device, seed, generator) if fast else None
     if max_batch_size is not None and max_batch_size < B and batching == "lockstep":
         return generate_in_chunks(model, input_ids, attention_mask, config, max_batch_size, generators,

@@ -57,3 +57,23 @@ def test_reference_mode_rejects_seeds(model):
         model.generate(prompts(1), seed=1, **KW)
     with pytest.raises(ValueError, match="must be one of"):
         model.generate(prompts(1), sampling="greedy", **KW)
+
+
+def test_compile_switch_compiles_the_layers_once_and_keeps_the_tokens(model, monkeypatch):
+    from diffusiongemma.generation import loop
+    from diffusiongemma.modeling.compile import uncompile_layers
+
+    eager = model.generate(prompts(2), sampling="fast", seed=0, **KW).sequences
+    calls = []
+    real = loop.compile_layers
+    monkeypatch.setattr(loop, "compile_layers", lambda m, **kw: calls.append(kw) or real(m, **kw))
+    try:
+        # dynamo tracing without inductor keeps this fast; tests/modeling/test_compile.py covers inductor
+        compiled = model.generate(prompts(2), sampling="fast", seed=0, compile={"backend": "eager"}, **KW).sequences
+        assert calls == [{"backend": "eager"}]
+        assert model._compiled_layers == (None, True, "eager")
+        assert torch.equal(compiled, eager)
+        with pytest.raises(TypeError, match="`compile` must be a bool or a dict"):
+            model.generate(prompts(1), compile="yes", **KW)
+    finally:
+        uncompile_layers(model)
