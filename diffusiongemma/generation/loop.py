@@ -397,6 +397,7 @@ def generate(
                     streamer.put_draft(logits=logits.to(stack.embed_tokens.weight.dtype).cpu())
                 else:
                     streamer.put_draft(value=state.argmax_canvas.cpu())
+            del logits  # [B, L, V]: must not stay alive while the next step computes its own
             if bool(state.finished_denoising.all()):
                 break
         passes = state.forward_passes
