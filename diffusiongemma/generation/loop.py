@@ -150,8 +150,10 @@ def denoise_step(
     keep: torch.Tensor | None,
     finished_sequences: torch.Tensor,
     skip_finished: bool,
-) -> tuple[CanvasState, torch.Tensor]:
-    """One denoising step (spec D.4a-i). Returns the new state and the tempered logits of the rows that ran [B', L, V].
+    keep_logits: bool = False,
+) -> tuple[CanvasState, torch.Tensor | None]:
+    """One denoising step (spec D.4a-i). Returns the new state and, with `keep_logits`, the tempered logits of the rows
+    that ran [B', L, V] (else None: the sampler overwrites them, so at most two [B, L, V] buffers ever exist).
 
     With `skip_finished` (fast mode) the LM head, the sampler and self-conditioning run only for rows still
     denoising; reference mode runs every row, because the built-in draws random numbers for all of them.
@@ -173,10 +175,13 @@ def denoise_step(
     )
     # d-g. one pass over the logits: argmax, entropy, sample (RNG), accept, re-noise (RNG), self-conditioning input
     soft_embed = soft_embedder(stack, exact_reference=not skip_finished)
-    out = sampler.step(logits, rows, soft_embed)
-    soft = out.soft
-    if soft is None:
+    soft = None
+    if soft_embed is None:  # from the logits, before the sampler may overwrite them (no RNG involved)
         soft = stack.soft_embedding(logits.to(stack.embed_tokens.weight.dtype))  # [B, L, H]
+    kept = logits.clone() if keep_logits else None
+    out = sampler.step(logits, rows, soft_embed)
+    del logits
+    soft = out.soft if soft is None else soft
     canvas, argmax, entropy = out.canvas, out.argmax, out.entropy
     if rows is not None:  # scatter the working rows back; the others keep what they had
         canvas, argmax = state.canvas.clone(), state.argmax_canvas.clone()
@@ -198,7 +203,7 @@ def denoise_step(
         canvas = torch.where(done[:, None], state.canvas, canvas)
         soft = torch.where(done[:, None, None], state.soft, soft)
     done = done | stopper(argmax, entropy)
-    return CanvasState(canvas, argmax, soft, done, passes), logits
+    return CanvasState(canvas, argmax, soft, done, passes), kept
 
 
 def finalize_canvas(
@@ -388,12 +393,13 @@ def generate(
         stopper.reset(B)
         # 4. denoise, counting the steps remaining N..1
         for steps_remaining in range(settings.max_steps, 0, -1):
+            takes_logits = streamer is not None and getattr(streamer, "_takes_logits", False)
             state, logits = denoise_step(
                 model, state, steps_remaining, settings, sampler, stopper, processors, sequences, cache, keep, finished,
-                skip_finished=fast,
+                skip_finished=fast, keep_logits=takes_logits,
             )
             if streamer is not None and hasattr(streamer, "put_draft"):
-                if getattr(streamer, "_takes_logits", False):
+                if takes_logits:
                     streamer.put_draft(logits=logits.to(stack.embed_tokens.weight.dtype).cpu())
                 else:
                     streamer.put_draft(value=state.argmax_canvas.cpu())

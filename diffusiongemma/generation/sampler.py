@@ -313,7 +313,7 @@ class ReferenceSampler:
         block = row_block(V)
         argmax = blocked_rows(first_argmax, flat, block).view(B, L)  # [B, L], same indices as logits.argmax(-1)
         entropy = blocked_rows(token_entropy, flat, block).view(B, L)
-        probs = flat.softmax(dim=-1, dtype=torch.float32)  # [N, V], the second and last [B, L, V]-sized buffer
+        probs = torch.softmax(flat, dim=-1, out=flat)  # [N, V] in place (same bits): the logits are not needed again
         if logits.device.type == "cpu" and probs.dtype == torch.float32 and fast_multinomial_is_exact():
             sample = fast_multinomial(probs).view(B, L)  # RNG draw 1 (D.4d), cpu_rng's noise
         elif multinomial_is_blockwise(logits.device):

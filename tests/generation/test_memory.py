@@ -1,4 +1,5 @@
-"""`generate` keeps at most two fp32 [B, L, V] buffers alive at once (issue: another engine ran out of memory with six).
+"""`generate` keeps at most two fp32 [B, L, V] buffers alive at once (issue: another engine ran out of memory with six);
+in fact one: the logits, which reference mode turns into the probabilities in place and fast mode walks in blocks.
 
 A dispatch mode watches every tensor that torch ops produce and records the peak number of distinct live storages of
 at least B*L*V elements. The vocabulary is large enough that the samplers' row blocks are far smaller than that.
@@ -45,4 +46,4 @@ def test_at_most_two_vocabulary_sized_buffers(model, mode):
     kw = dict(seed=0) if mode == "fast" else {}
     with torch.no_grad(), LargeBuffers(B * L * V) as watch:
         model.generate(ids, sampling=mode, max_new_tokens=2 * L, max_denoising_steps=3, batching=None, **kw)
-    assert 1 <= watch.peak <= 2
+    assert watch.peak == 1  # the logits; reference mode turns them into the probabilities in place
