@@ -15,7 +15,7 @@ from ..modeling.cache import BlockDiffusionCache
 from ..modeling.compile import compile_layers
 from ..modeling.validation import check_token_ids, padding_vector
 from .config import resolve_generation_config
-from .mixed import MixedScheduler, MixedSettings, assemble, strip_padding
+from .mixed import MixedScheduler, MixedSettings
 from .sampler import apply_temperature_, make_sampler, row_generators, temperature_at
 from .state import CanvasState
 from .stopping import StableAndConfidentStopper, eos_in_new_tokens, pad_after_eos
@@ -270,7 +270,8 @@ def generate(
         sampling: "reference" draws random numbers exactly like transformers' built-in `generate` (global RNG);
             "fast" draws from the same distributions with far less work and one generator per row, and skips the LM
             head and sampler for rows that stopped denoising, so a row's output does not depend on the rest of the
-            batch (for rows of equal prompt length: left padding shifts positions, spec C.10).
+            batch (with lock-step batching only for rows of equal prompt length: left padding shifts positions, spec
+            C.10; mixed batching strips the padding).
         seed: fast mode only: an int (row b uses seed + b) or one int per row.
         generator: fast mode only: a `torch.Generator` (per-row seeds are drawn from it) or one per row.
         batching: fast mode only. "mixed" (the default for fast mode with more than one row): rows progress
@@ -357,13 +358,8 @@ def generate(
                           config.pad_token_id, max_batch_size or B),
             processors, user_criteria, decoder_input_ids, first_soft,
         )
-        prompts = strip_padding(input_ids, attention_mask)
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("`attention_mask` marks every token of some row as padding; each row needs a prompt")
-        rows = scheduler.run(prompts)
+        sequences, passes = scheduler.generate(input_ids, attention_mask)
         pad = config.pad_token_id
-        sequences = assemble(rows, input_ids, L, pad if pad is not None else 0)
-        passes = torch.tensor([r.passes for r in rows], dtype=torch.int32, device=device)
         if not config.return_dict_in_generate:
             return sequences
         return DiffusionGemmaGenerationOutput(
@@ -392,8 +388,8 @@ def generate(
         state = CanvasState(canvas, canvas, soft, finished.clone() if fast else torch.zeros_like(finished), passes)
         stopper.reset(B)
         # 4. denoise, counting the steps remaining N..1
+        takes_logits = streamer is not None and getattr(streamer, "_takes_logits", False)
         for steps_remaining in range(settings.max_steps, 0, -1):
-            takes_logits = streamer is not None and getattr(streamer, "_takes_logits", False)
             state, logits = denoise_step(
                 model, state, steps_remaining, settings, sampler, stopper, processors, sequences, cache, keep, finished,
                 skip_finished=fast, keep_logits=takes_logits,

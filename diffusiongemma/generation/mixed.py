@@ -81,6 +81,17 @@ class MixedScheduler:
         self.first_canvas, self.first_soft = first_canvas, first_soft
         self.L = model.canvas_length
 
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids [N, P] (left-padded, `attention_mask` [N, P]) -> (sequences [N, P + c*L] with each row's
+        original prompt, its canvases and padding after it finished; denoising passes per row [N] int32)."""
+        prompts = strip_padding(input_ids, attention_mask)
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("`attention_mask` marks every token of some row as padding; each row needs a prompt")
+        rows = self.run(prompts)
+        pad = self.settings.pad_token_id
+        sequences = assemble(rows, input_ids, self.L, pad if pad is not None else 0)
+        return sequences, torch.tensor([r.passes for r in rows], dtype=torch.int32, device=input_ids.device)
+
     def run(self, prompts: list[torch.Tensor]) -> list[Row]:
         """Generate for every prompt; returns the finished rows in request order."""
         s, L = self.settings, self.L

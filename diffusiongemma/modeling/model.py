@@ -227,7 +227,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         soft_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Mixed-phase pass over a `RowCache` (see `DiffusionGemmaTextStack.run_rows`): tokens [n, T] -> post-norm
-        hidden [n, T, H]; encoder rows commit, denoising rows (soft_rows ascending) get self-conditioning."""
+        hidden [n, T, H]; encoder rows commit, denoising rows `soft_rows` get soft_embeddings [m, L, H]."""
         return self.model.decoder.run_rows(
             tokens, cache, q_lens, encoder_rows, self.model.encoder.layer_scalars(), soft_embeddings, soft_rows,
             canvas_length=self.canvas_length, backend=self.attention_backend,

@@ -164,14 +164,13 @@ class DiffusionGemmaTextStack(nn.Module):
         n, T = tokens.shape
         starts = cache.lengths[:n]
         x = self.embed_tokens(tokens)  # [n, T, H]
-        decoding = (~encoder_rows).nonzero().view(-1)
-        if len(decoding):
-            L = canvas_length
-            canvas = x[decoding, :L]  # [d, L, H]
-            canvas = self.self_conditioning(canvas, None)  # first step: no self-conditioning input
-            if soft_rows is not None and len(soft_rows):
-                canvas[torch.isin(decoding, soft_rows)] = self.self_conditioning(x[soft_rows, :L], soft_embeddings)
-            x[decoding, :L] = canvas
+        L = canvas_length
+        with_soft = soft_rows if soft_rows is not None else encoder_rows.new_zeros(0, dtype=torch.long)
+        first_step = (~encoder_rows & ~torch.isin(torch.arange(n, device=tokens.device), with_soft)).nonzero().view(-1)
+        if len(first_step):  # denoising rows without a self-conditioning input yet
+            x[first_step, :L] = self.self_conditioning(x[first_step, :L], None)
+        if len(with_soft):
+            x[with_soft, :L] = self.self_conditioning(x[with_soft, :L], soft_embeddings)
         positions = starts[:, None] + torch.arange(T, device=tokens.device)  # [n, T]
         masks = build_row_masks(self.type_shapes, starts, q_lens, encoder_rows, T, self.causal_encoder,
                                 tokens.device, backend)
