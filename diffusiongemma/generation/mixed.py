@@ -81,7 +81,8 @@ class MixedScheduler:
         self.first_canvas, self.first_soft = first_canvas, first_soft
         self.L = model.canvas_length
 
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids [N, P] (left-padded, `attention_mask` [N, P]) -> (sequences [N, P + c*L] with each row's
         original prompt, its canvases and padding after it finished; denoising passes per row [N] int32)."""
         prompts = strip_padding(input_ids, attention_mask)

@@ -48,6 +48,11 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(log_p.clamp_(min=torch.finfo(log_p.dtype).min).mul_(p)).sum(dim=-1)
 
 
+def soft_group_rows(vocab_size: int, target_bytes: int = 64 << 20) -> int:
+    """Rows of fp32 probabilities per self-conditioning matmul in fast mode (about `target_bytes`, at least 64)."""
+    return max(64, target_bytes // (4 * vocab_size))
+
+
 def row_block(vocab_size: int, target_bytes: int = 4 << 20) -> int:
     """Rows of fp32 logits per block so that one block is about `target_bytes` (stays in cache)."""
     return max(1, target_bytes // (4 * vocab_size))
@@ -388,15 +393,22 @@ class FastSampler:
         argmax, entropy = torch.empty_like(sample), torch.empty(B * L, device=device)
         soft = None
         block = min(row_block(V), B * L)
-        scratch = (logits.new_empty(block, V), logits.new_empty(block, V))  # z and e of one block, reused
+        # the probabilities of `group` rows (several blocks) are staged for one soft-embedding matmul: a matmul over a
+        # few rows against the whole [V, H] embedding is several times slower per row at large V
+        # (at most half the rows, so the stage never grows into a second [B, L, V] buffer)
+        group = max(block, min(soft_group_rows(V), B * L // 2) // block * block) if soft_embed is not None else block
+        z_scratch, stage = logits.new_empty(block, V), logits.new_empty(group, V)  # reused block after block
         for a in range(0, B * L, block):
-            out = one_pass(flat[a : a + block], u[a : a + block], scratch)  # out.probs lives in scratch[1]
+            g = a % group  # this block's rows in the stage
+            out = one_pass(flat[a : a + block], u[a : a + block], (z_scratch, stage[g:]))  # probs land in the stage
             sample[a : a + block], argmax[a : a + block], entropy[a : a + block] = out.sample, out.argmax, out.entropy
-            if soft_embed is not None:
-                piece = soft_embed(out.probs)  # [R, H]
+            end = min(a + block, B * L)
+            if soft_embed is not None and (end % group == 0 or end == B * L):  # the stage is full: embed it
+                start = end - (g + end - a)
+                piece = soft_embed(stage[: end - start])  # [G, H]
                 if soft is None:
                     soft = piece.new_empty(B * L, piece.shape[-1])
-                soft[a : a + block] = piece
+                soft[start:end] = piece
         sample, argmax, entropy = sample.view(B, L), argmax.view(B, L), entropy.view(B, L)
         accepted = entropy_bound_accept(entropy, self.entropy_bound)
         return StepOutput(renoise(sample, accepted, noise), argmax, entropy, soft.view(B, L, -1) if soft is not None

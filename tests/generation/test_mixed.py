@@ -41,8 +41,11 @@ class PassLog:
         monkeypatch.setattr(model, "run_rows", run_rows)
 
 
-@pytest.mark.parametrize("settings", [dict(), dict(eos_token_id=7), dict(stability_threshold=1, confidence_threshold=2.0),
-                                      dict(confidence_threshold=1e-9)])
+SETTINGS = [dict(), dict(eos_token_id=7), dict(stability_threshold=1, confidence_threshold=2.0),
+            dict(confidence_threshold=1e-9)]
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
 def test_mixed_equals_lockstep_and_running_alone(model, settings):
     ids, kw = prompts(4), dict(KW, **settings)
     mixed = model.generate(ids, sampling="fast", seed=11, batching="mixed", **kw)

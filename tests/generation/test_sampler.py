@@ -176,3 +176,19 @@ def test_first_argmax_matches_torch_argmax_including_ties():
     assert torch.equal(first_argmax(x), x.argmax(-1))
     y = torch.randn(4, 100)  # 100 has no power-of-two divisor >= 32: one block
     assert torch.equal(first_argmax(y), y.argmax(-1))
+
+
+def test_fast_sampler_soft_embedding_over_staged_row_groups():
+    """Probabilities are staged over several row blocks per soft-embedding matmul (here blocks of 16 rows, groups of
+    64, and a last partial group): the result is softmax(logits) @ embedding for every row."""
+    from diffusiongemma.generation.sampler import FastSampler, row_block, soft_group_rows
+
+    B, L, V, H = 2, 75, 65536, 8
+    assert row_block(V) == 16 and soft_group_rows(V) >= 64
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(V, H, generator=g)
+    logits = torch.randn(B, L, V, generator=g) * 3
+    sampler = FastSampler(0.1, V, [torch.Generator().manual_seed(b) for b in range(B)])
+    out = sampler.step(logits.clone(), None, lambda p: p @ weight)
+    torch.testing.assert_close(out.soft, logits.softmax(-1) @ weight, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.argmax, logits.argmax(-1), atol=0, rtol=0)
