@@ -57,11 +57,16 @@ def tiny_model(config=None, seed: int = 0) -> DiffusionGemmaForBlockDiffusion:
     return randomize_(DiffusionGemmaForBlockDiffusion(config or tiny_config()), seed).eval()
 
 
-def pair(tmp_path, config=None, seed: int = 0):
-    """(built-in model, our model) holding the same weights: built-in saved, ours loaded from that folder."""
-    builtin = tiny_builtin(config, seed)
-    builtin.save_pretrained(tmp_path)
-    ours = DiffusionGemmaForBlockDiffusion.from_pretrained(tmp_path).eval()
+def pair(tmp_path, config=None, seed: int = 0, dtype: torch.dtype | None = None):
+    """(built-in model, our model) holding the same weights, both loaded from one folder the built-in class wrote.
+
+    Both load the way users load a checkpoint: CPU kernels (grouped_mm among them) can round differently on tensors
+    at different memory alignments, and two models loaded from one file get the same alignment.
+    """
+    tiny_builtin(config, seed).save_pretrained(tmp_path)
+    kwargs = {} if dtype is None else {"dtype": dtype}
+    builtin = BuiltinModel.from_pretrained(tmp_path, **kwargs).eval()
+    ours = DiffusionGemmaForBlockDiffusion.from_pretrained(tmp_path, **kwargs).eval()
     return builtin, ours
 
 

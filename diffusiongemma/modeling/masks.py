@@ -65,21 +65,15 @@ def key_padding(keep: torch.Tensor, kv_slot0: int) -> MaskMod:
 def dense_mask(mod: MaskMod, batch: int, num_q: int, num_kv: int, device: torch.device) -> torch.Tensor:
     """Materialize a predicate as a bool tensor [B, 1, Q, KV] for SDPA / eager.
 
-    Fully masked query rows (left-padding queries in encoder mode) are opened to every key so softmax stays finite:
-    their outputs are never visible to real tokens, but a NaN there would poison later layers (pitfall H.12).
+    Fully masked query rows (left-padding queries in encoder mode) stay fully masked, as in the reference: SDPA
+    returns zeros for them and eager attention (dtype-min fill) a uniform average, both finite (pitfall H.12). Their
+    outputs become the cache entries of the padding slots, which a decoder pass without a padding mask reads.
     """
     b = torch.arange(batch, device=device)[:, None, None, None]
     h = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
     q = torch.arange(num_q, device=device)[None, None, :, None]
     kv = torch.arange(num_kv, device=device)[None, None, None, :]
-    mask = mod(b, h, q, kv).expand(batch, 1, num_q, num_kv)
-    empty_rows = ~mask.any(dim=-1, keepdim=True)
-    return mask | empty_rows
-
-
-def query_padding(keep: torch.Tensor, q_slot0: int) -> MaskMod:
-    """True on every key for a padding query (keep [B, slots] False at its slot)."""
-    return lambda b, h, q, kv: ~keep[b, q + q_slot0]
+    return mod(b, h, q, kv).expand(batch, 1, num_q, num_kv)
 
 
 def block_mask(mod: MaskMod, batch: int, num_q: int, num_kv: int, device: torch.device):
@@ -146,10 +140,7 @@ def build_encoder_masks(
             mods.append(key_padding(keep, kv0))
         mask = None
         if mods:
-            mod = and_masks(*mods)
-            if backend == "flex" and keep is not None:  # as dense_mask does for rows with no visible key
-                mod = or_masks(mod, query_padding(keep, q_slot0))
-            mask = materialize(mod, batch, num_q, kv1 - kv0, device, backend)
+            mask = materialize(and_masks(*mods), batch, num_q, kv1 - kv0, device, backend)
         out[layer_type] = LayerMask(kv0, kv1, mask)
     return out
 

@@ -1,7 +1,15 @@
 """Router and routed experts of the Gemma 4 MoE block (spec C.6).
 
-Dispatch sorts the (token, expert) assignments by expert and runs one matmul per active expert on a contiguous
-block of rows, instead of masked gathers over the whole batch per expert.
+Two dispatch paths, each the arithmetic of the transformers built-in path that runs on the same tensors, so logits
+match it bit for bit:
+
+* grouped (CPU with 16-byte aligned rows, CUDA sm80+): the (token, slot) assignments are sorted by expert with
+  `torch.sort` (not a stable argsort: CPU `grouped_mm` computes a row differently depending on where it sits in its
+  block, so the order inside an expert's block must be the built-in's), two grouped GEMMs run every expert at once,
+  and each token sums its k weighted outputs in slot order;
+* per expert (everything else, e.g. rows whose byte size is not a multiple of 16, where the CPU `grouped_mm` kernel
+  refuses to run and the built-in needs `experts_implementation="eager"`): the built-in eager loop's order: an
+  expert's rows in (slot, token) order, its weighted output added into the result with `index_add_` expert by expert.
 
 Legend: T tokens (flattened batch), H hidden, E experts, k experts per token, I expert intermediate (Im).
 """
@@ -41,13 +49,13 @@ def expert_ffn(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> to
 
 
 def sorted_dispatch(top_i: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Group assignments by expert.
+    """Group assignments by expert, in `torch.sort`'s order (the built-in's; see the module docstring).
 
     Returns (order [T*k] indices into the flattened assignments sorted by expert, token of each sorted row [T*k],
     per-expert row counts as a Python list [E]).
     """
     flat = top_i.reshape(-1)  # [T*k]
-    order = torch.argsort(flat, stable=True)
+    order = torch.sort(flat).indices
     counts = torch.bincount(flat, minlength=num_experts).tolist()
     return order, order // top_i.shape[1], counts
 
@@ -127,15 +135,19 @@ def grouped_expert_ffn(rows: torch.Tensor, offsets: torch.Tensor, gate_up: torch
     return grouped_mm(gelu_tanh(gate) * up, down.transpose(-2, -1), offsets)
 
 
-def looped_expert_ffn(rows: torch.Tensor, counts: list[int], expert_weights) -> torch.Tensor:
-    """Fallback: one pair of GEMMs per active expert on its contiguous block of rows. rows [R, H] -> [R, H]."""
-    out = torch.empty_like(rows)
-    start = 0
-    for e, n in enumerate(counts):
-        if n:
-            gate_up, down = expert_weights(e)
-            out[start : start + n] = expert_ffn(rows[start : start + n], gate_up, down)
-            start += n
+def per_expert_ffn(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gate_up: torch.Tensor,
+                   down: torch.Tensor) -> torch.Tensor:
+    """Fallback: one pair of GEMMs per routed expert, accumulated like the built-in eager loop.
+
+    x [T, H], top_w/top_i [T, k], gate_up [E, 2I, H], down [E, H, I] -> [T, H] in x's dtype. Expert e's rows are
+    taken in (slot, token) order and its weighted output, cast to x's dtype, is added with `index_add_`, experts in
+    ascending order. One host read (the experts hit), as every per-expert loop needs.
+    """
+    out = torch.zeros_like(x)
+    for e in torch.unique(top_i).tolist():  # ascending
+        slot, token = torch.where(top_i.t() == e)  # [k, T] -> slot-major order
+        y = expert_ffn(x[token], gate_up[e], down[e]) * top_w[token, slot, None]  # [R, H]
+        out.index_add_(0, token, y.to(out.dtype))
     return out
 
 
@@ -160,19 +172,13 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
 
-    def expert_weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(gate_up [2I, H], down [H, I]) of expert e, dense in the compute dtype."""
-        return self.gate_up_proj[e], self.down_proj[e]
-
     def forward(self, x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor) -> torch.Tensor:
         """x [T, H] (pre_feedforward_layernorm_2 output), top_w/top_i [T, k] -> [T, H]."""
-        if can_use_grouped_mm(x, self.gate_up_proj):
-            order = torch.argsort(top_i.reshape(-1), stable=True)  # as sorted_dispatch, without the host counts
-            rows = x[order // top_i.shape[1]]  # [T*k, H], contiguous per expert
-            y = grouped_expert_ffn(rows, expert_offsets(top_i, order, self.num_experts), self.gate_up_proj,
-                                   self.down_proj)
-        else:
-            order, tokens, counts = sorted_dispatch(top_i, self.num_experts)
-            y = looped_expert_ffn(x[tokens], counts, self.expert_weights)
+        if not can_use_grouped_mm(x, self.gate_up_proj):
+            return per_expert_ffn(x, top_w, top_i, self.gate_up_proj, self.down_proj)
+        order = torch.sort(top_i.reshape(-1)).indices  # as sorted_dispatch, without the host counts
+        rows = x[order // top_i.shape[1]]  # [T*k, H], contiguous per expert
+        y = grouped_expert_ffn(rows, expert_offsets(top_i, order, self.num_experts), self.gate_up_proj,
+                               self.down_proj)
         weighted = y * top_w.reshape(-1)[order, None]  # [T*k, H], fp32 weights
         return combine(weighted, order, top_i).to(x.dtype)

@@ -3,6 +3,7 @@
 import torch
 from torch.nn.attention.flex_attention import create_mask
 
+from diffusiongemma.modeling.attention import eager_attention, sdpa_attention
 from diffusiongemma.modeling.masks import and_masks, causal, dense_mask, key_padding, sliding_window
 
 
@@ -13,11 +14,18 @@ def test_sliding_window_counts_the_query():
     assert mask.tolist() == [[True, True, True, False], [False, True, True, True]]
 
 
-def test_padding_rows_open_instead_of_nan():
+def test_padding_rows_stay_fully_masked_and_finite():
     keep = torch.tensor([[False, False, True]])
-    mask = dense_mask(and_masks(causal(0, 0), key_padding(keep, 0)), 1, 3, 3, torch.device("cpu"))[0, 0]
-    # queries 0 and 1 see only padding -> opened to every key; query 2 sees itself
-    assert mask.tolist() == [[True, True, True], [True, True, True], [False, False, True]]
+    mask = dense_mask(and_masks(causal(0, 0), key_padding(keep, 0)), 1, 3, 3, torch.device("cpu"))
+    # queries 0 and 1 see only padding -> fully masked, as in the reference; query 2 sees itself
+    assert mask[0, 0].tolist() == [[False, False, False], [False, False, False], [False, False, True]]
+    q, k, v = torch.randn(3, 1, 2, 3, 4).unbind(0)
+    # SDPA gives zeros for a fully masked row, eager attention (dtype-min fill) the mean of the values: the
+    # reference's outputs for padding queries, which become the padding slots' cache entries (pitfall H.12)
+    sdpa = sdpa_attention(q, k, v, mask)
+    assert torch.equal(sdpa[:, :, :2], torch.zeros_like(sdpa[:, :, :2]))
+    eager = eager_attention(q, k, v, mask)
+    torch.testing.assert_close(eager[:, :, :2], v.mean(dim=2, keepdim=True).expand(1, 2, 2, 4))
 
 
 def test_block_mask_predicate_equals_dense_mask():

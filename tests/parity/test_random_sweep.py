@@ -1,0 +1,146 @@
+"""Randomized parity sweep: many small, irregular configs against transformers' built-in class (fp32, CPU).
+
+A seeded generator draws each config: hidden sizes and head dims that are not multiples of 16, 2-9 experts with
+top-k 1-4, odd expert and dense intermediate sizes, windows shorter than the canvas and the prompt, random layer
+types with several full layers, canvas lengths 8-40, soft caps from 2 to 100, encoder mode causal or "all". For each one
+both classes load the same folder, and we demand bit-identical forward logits (plain, left-padded with and without
+a decoder padding mask, self-conditioned) and identical same-seed `generate` tokens (batch 1 and a left-padded
+batch).
+
+Where the built-in's default grouped experts cannot run (an expert row whose byte size is not a multiple of 16:
+CPU grouped_mm refuses it), the reference is the built-in loaded with `experts_implementation="eager"`, which is
+what a user of the built-in has to pick there; our class chooses its matching path by itself.
+
+The built-in cannot run `use_bidirectional_attention="all"` as shipped: its encoder attention receives `is_causal`
+twice (once from the layer's kwargs, once as its own attribute; both False) and raises a TypeError before computing
+anything. For those configs the sweep drops the duplicate keyword (checking that both values agree), which changes
+no arithmetic. Nor can it run without a soft cap (`final_logit_softcapping=None` divides by None), so the sweep varies
+the cap instead; no cap at all is covered by our own tests.
+
+`DG_SWEEP_CONFIGS=N` draws N configs instead of 30; `DG_SWEEP_SEED=S` moves the whole sweep. A failure names the
+config's seed: `DG_SWEEP_ONLY=<seed>` reruns just that config.
+"""
+
+import os
+import random
+
+import pytest
+import torch
+
+from conftest import VISION, pair
+
+from transformers import DiffusionGemmaConfig
+from transformers import DiffusionGemmaForBlockDiffusion as BuiltinModel
+
+COUNT = int(os.environ.get("DG_SWEEP_CONFIGS", "30"))
+BASE = int(os.environ.get("DG_SWEEP_SEED", "20261201"))
+SEEDS = [int(os.environ["DG_SWEEP_ONLY"])] if "DG_SWEEP_ONLY" in os.environ else [BASE + i for i in range(COUNT)]
+
+
+def random_config(seed: int) -> tuple[DiffusionGemmaConfig, dict]:
+    """One irregular tiny config, and the prompt/canvas sizes to test it with."""
+    r = random.Random(seed)
+    heads = r.choice([2, 3, 4, 6])
+    kv_heads = r.choice([d for d in (1, 2, 3, heads) if heads % d == 0])
+    layers = r.randint(2, 9)
+    layer_types = [r.choice(["sliding_attention", "full_attention", "sliding_attention"]) for _ in range(layers)]
+    layer_types[-1] = "full_attention"  # the architecture requires it
+    if layers >= 4 and layer_types.count("full_attention") < 2:
+        layer_types[r.randrange(layers - 1)] = "full_attention"
+    experts = r.randint(2, 9)
+    text = dict(
+        vocab_size=r.randint(40, 160),
+        hidden_size=4 * r.randint(5, 20),  # 20..80: multiples of 4 (fp32 rows of 16 bytes), mostly not of 16
+        intermediate_size=r.randint(9, 97),
+        num_hidden_layers=layers,
+        layer_types=layer_types,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=r.choice([4, 8, 12, 20, 24]),
+        global_head_dim=r.choice([8, 12, 20, 28]),
+        num_global_key_value_heads=r.choice([None, 1, kv_heads]),
+        num_experts=experts,
+        top_k_experts=r.randint(1, min(4, experts)),
+        moe_intermediate_size=r.choice([r.randint(3, 41), 4 * r.randint(2, 10)]),  # odd ones included
+        sliding_window=r.randint(3, 12),
+        max_position_embeddings=512,
+        final_logit_softcapping=r.choice([30.0, 7.5, 2.0, 100.0]),  # see the module docstring for "off"
+        use_bidirectional_attention=r.choice([None, None, "all"]),
+    )
+    canvas = r.randint(8, 40)
+    sizes = dict(prompt=r.randint(3, 30), pad=r.randint(1, 6), canvas=canvas, seed=seed)
+    return DiffusionGemmaConfig(text_config=text, vision_config=dict(VISION), canvas_length=canvas), sizes
+
+
+def grouped_experts_can_run(config: DiffusionGemmaConfig) -> bool:
+    """The built-in's CPU grouped_mm needs every expert row (H and I fp32 values) to span a multiple of 16 bytes."""
+    text = config.text_config
+    return text.hidden_size % 4 == 0 and text.moe_intermediate_size % 4 == 0
+
+
+def drop_duplicate_is_causal(builtin: BuiltinModel) -> None:
+    """Let the built-in's encoder attention run in "all" mode (see the module docstring)."""
+    for module in builtin.modules():
+        if type(module).__name__ == "DiffusionGemmaEncoderTextAttention":
+            def forward(*args, _forward=module.forward, _module=module, **kwargs):
+                assert kwargs.pop("is_causal", _module.is_causal) == _module.is_causal
+                return _forward(*args, **kwargs)
+
+            module.forward = forward
+
+
+@pytest.fixture(scope="module", params=SEEDS, ids=lambda s: f"seed{s}")
+def case(request, tmp_path_factory):
+    config, sizes = random_config(request.param)
+    builtin, ours = pair(tmp_path_factory.mktemp(f"sweep{request.param}"), config, seed=request.param % 1000)
+    if not grouped_experts_can_run(config):
+        builtin = BuiltinModel.from_pretrained(builtin.name_or_path, experts_implementation="eager").eval()
+    if config.text_config.use_bidirectional_attention == "all":
+        drop_duplicate_is_causal(builtin)
+    return builtin, ours, sizes
+
+
+def identical(expected: torch.Tensor, got: torch.Tensor, what: str, sizes: dict) -> None:
+    assert expected.shape == got.shape, f"{what}: shapes differ (config seed {sizes['seed']})"
+    diff = (expected - got).abs().max().item()
+    assert torch.equal(expected, got), f"{what}: max |diff| {diff:.3g} (config seed {sizes['seed']})"
+
+
+def inputs(case):
+    builtin, ours, sizes = case
+    V, P, L = ours.config.text_config.vocab_size, sizes["prompt"], sizes["canvas"]
+    g = torch.Generator().manual_seed(sizes["seed"])
+    ids = torch.randint(3, V, (2, P), generator=g)
+    mask = torch.ones(2, P, dtype=torch.long)
+    mask[1, : min(sizes["pad"], P - 1)] = 0
+    canvas = torch.randint(0, V, (2, L), generator=g)
+    sc = torch.randn(2, L, V, generator=g)
+    return ids, mask, canvas, sc
+
+
+@torch.no_grad()
+def test_forward_logits(case):
+    builtin, ours, sizes = case
+    ids, mask, canvas, sc = inputs(case)
+    plain = dict(input_ids=ids, decoder_input_ids=canvas)
+    identical(builtin(**plain).logits, ours(**plain).logits, "plain forward", sizes)
+    padded = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=canvas)
+    identical(builtin(**padded).logits, ours(**padded).logits, "left-padded forward, no decoder mask", sizes)
+    dec_mask = torch.cat([mask, torch.ones_like(canvas)], dim=1)
+    masked = dict(padded, decoder_attention_mask=dec_mask, self_conditioning_logits=sc,
+                  self_conditioning_mask=torch.tensor([True, False]))
+    identical(builtin(**masked).logits, ours(**masked).logits, "padded, decoder mask, self-conditioning", sizes)
+
+
+@torch.no_grad()
+def test_generate_tokens(case):
+    builtin, ours, sizes = case
+    ids, mask, _, _ = inputs(case)
+    settings = dict(max_new_tokens=2 * sizes["canvas"], max_denoising_steps=4)
+    for what, args in (("batch 1", dict(input_ids=ids[:1])),
+                       ("left-padded batch", dict(input_ids=ids * mask, attention_mask=mask))):
+        torch.manual_seed(sizes["seed"])
+        expected = builtin.generate(**args, **settings).sequences
+        torch.manual_seed(sizes["seed"])
+        got = ours.generate(**args, **settings).sequences
+        identical(expected, got, f"generate, {what}", sizes)
