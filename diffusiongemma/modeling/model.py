@@ -152,10 +152,6 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         """
         return self.model.decoder
 
-    def set_decoder(self, decoder: DiffusionGemmaTextStack) -> None:
-        """Replace the text stack; the counterpart of `get_decoder` (transformers' default would replace `model`)."""
-        self.model.decoder = decoder
-
     @property
     def canvas_length(self) -> int:
         return int(self.config.canvas_length)

@@ -124,6 +124,15 @@ def test_missing_expert_weight_is_an_error_naming_the_key(fp8_folder, tmp_path):
         DiffusionGemmaForBlockDiffusion.from_pretrained(bad)
 
 
+def test_missing_tensor_of_an_encoder_layout_checkpoint_is_named_as_stored(base, tmp_path):
+    ignore = explicit_ignore(base, "model.encoder.language_model.")
+    write_compressed_checkpoint(base, tmp_path / "enc", "FP8_DYNAMIC", ignore, encoder_layout=True)
+    key = "model.encoder.language_model.layers.1.mlp.up_proj.weight_scale"
+    bad = copy_with(tmp_path / "enc", tmp_path / "bad", lambda t: t.pop(key))
+    with pytest.raises(QuantizedCheckpointError, match=r"missing tensors \(1\): \['" + key.replace(".", r"\.")):
+        DiffusionGemmaForBlockDiffusion.from_pretrained(bad)
+
+
 def test_mis_shaped_scale_is_an_error_naming_the_key(fp8_folder, tmp_path):
     key = "model.decoder.layers.0.self_attn.q_proj.weight_scale"
     bad = copy_with(fp8_folder, tmp_path / "bad", lambda t: t.update({key: t[key][:-1]}))
