@@ -91,7 +91,11 @@ def test_fused_expert_checkpoint_keeps_dense_3d_experts(base, tmp_path, preset):
     assert "model.decoder.layers.0.experts.gate_up_proj" in load_file(tmp_path / "model.safetensors")
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(tmp_path)
     assert not isinstance(model.model.decoder.layers[0].experts, ExpertList)
-    assert model.model.decoder.layers[0].self_attn.q_proj.input_global_scale is None if preset != "FP8_DYNAMIC" else True
+    q_proj = model.model.decoder.layers[0].self_attn.q_proj
+    if preset == "FP8_DYNAMIC":
+        assert isinstance(q_proj, FP8Linear)
+    else:  # NVFP4A16: weight-only, so no static activation scale
+        assert isinstance(q_proj, NVFP4Linear) and q_proj.input_global_scale is None
     ids, canvas = inputs()
     reference = dequantized_reference(base, ckpt["dequantized"], preset, ckpt["input_scales"])
     torch.testing.assert_close(logits(model, ids, canvas), logits(reference, ids, canvas), atol=1e-4, rtol=1e-4)
