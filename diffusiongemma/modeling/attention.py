@@ -17,8 +17,6 @@ from .blocks import RMSNorm
 from .masks import LayerMask
 from .rope import apply_rope
 
-ATTENTION_BACKENDS = ("sdpa", "eager", "flex")
-
 
 @dataclass
 class PassContext:

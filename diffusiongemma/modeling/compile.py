@@ -42,7 +42,7 @@ RECOMPILE_LIMIT = 32
 
 
 def _layers(model: nn.Module) -> nn.ModuleList:
-    stack = model.model.decoder if hasattr(model, "model") else model
+    stack = model.get_decoder() if hasattr(model, "get_decoder") else model  # the model or its text stack
     return stack.layers
 
 

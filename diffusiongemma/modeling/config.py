@@ -12,7 +12,6 @@ from transformers.models.diffusion_gemma.configuration_diffusion_gemma import Di
 
 __all__ = ["DiffusionGemmaConfig", "DiffusionGemmaTextConfig", "LayerShape", "layer_shape"]
 
-FULL = "full_attention"
 SLIDING = "sliding_attention"
 
 

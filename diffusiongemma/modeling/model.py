@@ -142,9 +142,14 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
         self.post_init()
 
-    @property
-    def stack(self) -> DiffusionGemmaTextStack:
-        """The one text stack (lives at `model.decoder`)."""
+    def get_decoder(self) -> DiffusionGemmaTextStack:
+        """The one text stack (`model.decoder`), which runs both modes: encoder (causal, writes the cache) and decoder
+        (bidirectional over the canvas, reads it).
+
+        Overrides transformers' `PreTrainedModel.get_decoder`, whose lookup would return this model itself (our
+        `model` container is not a `PreTrainedModel`). The built-in class resolves to the module at the same path,
+        `model.decoder`.
+        """
         return self.model.decoder
 
     @property
@@ -152,10 +157,10 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         return int(self.config.canvas_length)
 
     def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.decoder.embed_tokens
+        return self.get_decoder().embed_tokens
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.decoder.embed_tokens = value
+        self.get_decoder().embed_tokens = value
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
@@ -170,7 +175,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
 
     def new_cache(self) -> BlockDiffusionCache:
         """An empty KV cache for `forward(..., past_key_values=...)` or `generate`."""
-        return self.model.decoder.new_cache()
+        return self.get_decoder().new_cache()
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Post-norm hidden [B, L, H] -> logits [B, L, V] fp32, soft-capped in fp32 (spec C.8)."""
@@ -191,7 +196,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         collect: list | None = None,
     ) -> torch.Tensor:
         """Encoder pass over input_ids [B, T]: writes T slots to `cache`; returns post-norm hidden [B, T, H]."""
-        stack = self.model.decoder
+        stack = self.get_decoder()
         return stack.encode(
             stack.embed_tokens(input_ids),
             cache,
@@ -212,7 +217,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         collect: list | None = None,
     ) -> torch.Tensor:
         """Decoder pass over canvas [B, L] reading `cache`; returns post-norm hidden [B, L, H] (no LM head)."""
-        return self.model.decoder.denoise(
+        return self.get_decoder().denoise(
             canvas, cache, soft_embeddings, keep=keep, positions=positions, backend=self.attention_backend,
             collect=collect,
         )
@@ -228,7 +233,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
     ) -> torch.Tensor:
         """Mixed-phase pass over a `RowCache` (see `DiffusionGemmaTextStack.run_rows`): tokens [n, T] -> post-norm
         hidden [n, T, H]; encoder rows commit, denoising rows `soft_rows` get soft_embeddings [m, L, H]."""
-        return self.model.decoder.run_rows(
+        return self.get_decoder().run_rows(
             tokens, cache, q_lens, encoder_rows, self.model.encoder.layer_scalars(), soft_embeddings, soft_rows,
             canvas_length=self.canvas_length, backend=self.attention_backend,
         )

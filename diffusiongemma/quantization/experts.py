@@ -33,12 +33,6 @@ class ExpertMLP(nn.Module):
         return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
 
 
-def _dense_weight(linear: nn.Module, dtype: torch.dtype) -> torch.Tensor:
-    if hasattr(linear, "dequantized_weight"):
-        return linear.dequantized_weight(dtype)
-    return linear.weight.to(dtype)
-
-
 class ExpertList(nn.ModuleList):
     """E `ExpertMLP`s named `0..E-1`; a drop-in for `modeling.moe.Experts` with the per-expert checkpoint keys."""
 
@@ -46,13 +40,6 @@ class ExpertList(nn.ModuleList):
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         super().__init__(ExpertMLP(hidden_size, intermediate_size, device, dtype) for _ in range(num_experts))
         self.num_experts = num_experts
-
-    def expert_weights(self, e: int, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(gate_up [2I, H], down [H, I]) of expert e, dequantized; same contract as `Experts.expert_weights`."""
-        expert = self[e]
-        dtype = dtype or _compute_dtype(expert)
-        gate_up = torch.cat([_dense_weight(expert.gate_proj, dtype), _dense_weight(expert.up_proj, dtype)])
-        return gate_up, _dense_weight(expert.down_proj, dtype)
 
     def forward(self, x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor) -> torch.Tensor:
         """x [T, H] (pre_feedforward_layernorm_2 output), top_w/top_i [T, k] -> [T, H]."""
@@ -66,13 +53,6 @@ class ExpertList(nn.ModuleList):
                 start += n
         weighted = y * top_w.reshape(-1)[order, None]  # [T*k, H], fp32 weights
         return combine(weighted, order, top_i).to(x.dtype)
-
-
-def _compute_dtype(expert: ExpertMLP) -> torch.dtype:
-    for p in expert.parameters():
-        if p.dtype.is_floating_point and p.element_size() > 1:
-            return p.dtype
-    return torch.bfloat16
 
 
 @torch.no_grad()

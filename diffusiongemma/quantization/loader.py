@@ -24,7 +24,7 @@ from safetensors import safe_open
 from transformers.utils import cached_file
 from torch import nn
 
-from diffusiongemma.modeling.weights import ENCODER_LAYOUT_MAPPING, key_mapping_for
+from diffusiongemma.modeling.weights import checkpoint_names, checkpoint_shards, key_mapping_for, renamed_key
 from diffusiongemma.quantization.experts import empty_expert_lists
 from diffusiongemma.quantization.fp8 import FP8_DTYPE, FP8Linear, check_fp8_supported
 from diffusiongemma.quantization.nvfp4 import GROUP_SIZE, NVFP4Linear
@@ -79,30 +79,9 @@ def compressed_tensors_folder(path, hub_kwargs: dict) -> str | None:
     return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"], **hub)
 
 
-def checkpoint_shards(path: str) -> dict[str, str]:
-    """{tensor name: shard file} of a local safetensors folder (single file or sharded with an index)."""
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            return {k: os.path.join(path, v) for k, v in json.load(f)["weight_map"].items()}
-    single = os.path.join(path, "model.safetensors")
-    if not os.path.isfile(single):
-        raise QuantizedCheckpointError(f"{path} has no model.safetensors or model.safetensors.index.json")
-    with safe_open(single, framework="pt") as f:
-        return dict.fromkeys(f.keys(), single)
-
-
-def _rename(key: str, mapping: dict[str, str] | None) -> str:
-    for pattern, repl in (mapping or {}).items():
-        key = re.sub(pattern, repl, key)
-    return key
-
-
 def _checkpoint_name(key: str, mapping: dict[str, str] | None) -> str:
-    """Our key -> the name it has in the checkpoint (for error messages)."""
-    if mapping is ENCODER_LAYOUT_MAPPING and key.startswith("model.decoder.") and ".self_conditioning." not in key:
-        return "model.encoder.language_model." + key.removeprefix("model.decoder.")
-    return key
+    """Our key -> the name it has in the checkpoint (for error messages): the encoder-side name under a mapping."""
+    return checkpoint_names(key)[-1] if mapping else key
 
 
 def _quantized_module(linear: nn.Linear, scheme: ModuleScheme, dtype: torch.dtype, name: str,
@@ -135,7 +114,7 @@ def _per_expert_layers(keys) -> set[int]:
 
 
 def _use_per_expert_layout(model: nn.Module, layers: set[int]) -> None:
-    stack = model.model.decoder
+    stack = model.get_decoder()
     for i in sorted(layers):
         if i >= len(stack.layers):
             raise QuantizedCheckpointError(f"checkpoint has per-expert weights for layer {i}, the model has "
@@ -259,8 +238,10 @@ def load_compressed_tensors_checkpoint(
         config._attn_implementation = attn_implementation
 
     shards = checkpoint_shards(path)
-    mapping = key_mapping_for(set(shards))
-    renamed = {_rename(k, mapping): k for k in shards}  # our key -> checkpoint key
+    if shards is None:
+        raise QuantizedCheckpointError(f"{path} has no model.safetensors or model.safetensors.index.json")
+    mapping = key_mapping_for(set(shards))  # None, or the encoder-layout renaming
+    renamed = {renamed_key(k, mapping): k for k in shards}  # our key -> checkpoint key
 
     with init_empty_weights(include_buffers=False):
         model = cls._from_config(config, dtype=dtype)

@@ -26,6 +26,7 @@ from compressed_tensors.quantization import QuantizationConfig, preset_name_to_s
 from safetensors.torch import save_file
 from torch import nn
 
+from diffusiongemma.modeling.weights import ENCODER_TEXT_PREFIX
 from diffusiongemma.quantization.experts import ExpertList, unfuse_model_experts
 from diffusiongemma.quantization.fp8 import quantize_fp8_weight
 from diffusiongemma.quantization.nvfp4 import nvfp4_global_scale, quantize_nvfp4_weight
@@ -138,7 +139,7 @@ def quantized_tensors(model: nn.Module, scheme: str, plan: dict, input_scales: d
     tied = set(getattr(model, "_tied_weights_keys", None) or {}) if model.config.tie_word_embeddings else set()
     for key, value in model.state_dict().items():
         module_name, _, attr = key.rpartition(".")
-        if key in tied or (key.startswith("model.encoder.language_model.") and not key.endswith("layer_scalar")):
+        if key in tied or (key.startswith(ENCODER_TEXT_PREFIX) and not key.endswith("layer_scalar")):
             continue
         if module_name not in plan or attr != "weight":
             yield key, value.detach().contiguous()

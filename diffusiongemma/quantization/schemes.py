@@ -6,7 +6,8 @@ name or a class name in the module's MRO). Both ignore styles of spec F.4 work: 
 Compressor one-shot run writes, and the regex lists of `model_free_ptq`.
 
 Module names may be written for either text stack: checkpoints store the one text stack under `model.decoder.*`
-(or `model.encoder.language_model.*`), and both names of a module are tried.
+(or `model.encoder.language_model.*`), and both names of a module are tried (`modeling.weights.checkpoint_names`,
+the one table of checkpoint prefixes).
 """
 
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme
 from compressed_tensors.utils import is_match
 from torch import nn
+
+from diffusiongemma.modeling.weights import checkpoint_names
 
 FP8_DYNAMIC = "fp8-dynamic"
 NVFP4 = "nvfp4"
@@ -31,9 +34,6 @@ WHAT_TO_DO = (
     "Re-quantize the bf16 checkpoint with `diffusiongemma quantize --scheme fp8-dynamic|nvfp4 SRC DST`, load the "
     "bf16 checkpoint with `quantization_config=BitsAndBytesConfig(...)`, or serve this checkpoint with vLLM."
 )
-
-STACK = "model.decoder."
-ENCODER_STACK = "model.encoder.language_model."
 
 
 class QuantizedCheckpointError(ValueError):
@@ -138,13 +138,6 @@ def scheme_kind(scheme: QuantizationScheme, fmt: str | None, where: str = "quant
     return kind
 
 
-def module_aliases(name: str) -> tuple[str, ...]:
-    """Names a module may have in a quantization config: ours, and the encoder-side name of a text-stack module."""
-    if name.startswith(STACK) and not name.startswith(STACK + "self_conditioning"):
-        return name, ENCODER_STACK + name.removeprefix(STACK)
-    return (name,)
-
-
 def quantization_plan(model: nn.Module, config: QuantizationConfig) -> dict[str, ModuleScheme]:
     """Which Linear modules of `model` the config quantizes, and how.
 
@@ -164,7 +157,7 @@ def quantization_plan(model: nn.Module, config: QuantizationConfig) -> dict[str,
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear):
             continue
-        names = module_aliases(name)
+        names = checkpoint_names(name)  # ours, and the encoder-side name of a shared text-stack module
         if any(is_match(n, module, ignore) for n in names):
             continue
         for group, scheme in config.config_groups.items():

@@ -94,7 +94,7 @@ def block_diffusion_loss(
     """Block-diffusion loss of a `DiffusionGemmaForBlockDiffusion` on one (prefix, canvas) pair per example.
 
     Args:
-        model: the model; `encode`, `denoise`, `head` and `model.decoder.soft_embedding` are used.
+        model: the model; `encode`, `denoise`, `head` and `get_decoder().soft_embedding` are used.
         input_ids: [B, P] clean prefix (prompt and earlier canvases), encoded once into a fresh cache.
         labels: [B, L] clean canvas; positions equal to -100 are not scored (they are filled with pad before noising).
         attention_mask: [B, P] 1 for real prefix tokens, 0 for (left) padding.
@@ -130,7 +130,7 @@ def block_diffusion_loss(
     if bool(self_conditioning_mask.any()):
         # Grad stays enabled: a no-grad pass would make the cache copy the prefix into a non-differentiable buffer.
         first = model.head(model.denoise(noisy, cache, keep=keep)).detach()  # [B, L, V]
-        soft = model.model.decoder.soft_embedding(first)  # [B, L, H]
+        soft = model.get_decoder().soft_embedding(first)  # [B, L, H]
         soft = soft * self_conditioning_mask.to(soft.dtype)[:, None, None]  # rows without it: MLP(0) = 0 exactly
 
     # 4. the scored pass

@@ -91,7 +91,11 @@ def test_fused_expert_checkpoint_keeps_dense_3d_experts(base, tmp_path, preset):
     assert "model.decoder.layers.0.experts.gate_up_proj" in load_file(tmp_path / "model.safetensors")
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(tmp_path)
     assert not isinstance(model.model.decoder.layers[0].experts, ExpertList)
-    assert model.model.decoder.layers[0].self_attn.q_proj.input_global_scale is None if preset != "FP8_DYNAMIC" else True
+    q_proj = model.model.decoder.layers[0].self_attn.q_proj
+    if preset == "FP8_DYNAMIC":
+        assert isinstance(q_proj, FP8Linear)
+    else:  # NVFP4A16: weight-only, so no static activation scale
+        assert isinstance(q_proj, NVFP4Linear) and q_proj.input_global_scale is None
     ids, canvas = inputs()
     reference = dequantized_reference(base, ckpt["dequantized"], preset, ckpt["input_scales"])
     torch.testing.assert_close(logits(model, ids, canvas), logits(reference, ids, canvas), atol=1e-4, rtol=1e-4)
@@ -121,6 +125,15 @@ def test_missing_expert_weight_is_an_error_naming_the_key(fp8_folder, tmp_path):
     key = "model.decoder.layers.2.experts.1.down_proj.weight"
     bad = copy_with(fp8_folder, tmp_path / "bad", lambda t: t.pop(key))
     with pytest.raises(QuantizedCheckpointError, match=key.replace(".", r"\.")):
+        DiffusionGemmaForBlockDiffusion.from_pretrained(bad)
+
+
+def test_missing_tensor_of_an_encoder_layout_checkpoint_is_named_as_stored(base, tmp_path):
+    ignore = explicit_ignore(base, "model.encoder.language_model.")
+    write_compressed_checkpoint(base, tmp_path / "enc", "FP8_DYNAMIC", ignore, encoder_layout=True)
+    key = "model.encoder.language_model.layers.1.mlp.up_proj.weight_scale"
+    bad = copy_with(tmp_path / "enc", tmp_path / "bad", lambda t: t.pop(key))
+    with pytest.raises(QuantizedCheckpointError, match=r"missing tensors \(1\): \['" + key.replace(".", r"\.")):
         DiffusionGemmaForBlockDiffusion.from_pretrained(bad)
 
 

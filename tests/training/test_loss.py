@@ -62,8 +62,16 @@ def test_loss_equals_hand_computed_value():
 def test_forward_with_labels_delegates_to_the_loss():
     model = tiny_model()
     input_ids, labels = batch()
-    out = model(input_ids=input_ids, labels=labels)
-    assert out.loss.requires_grad and out.logits.shape == (3, L, 128)
+    mask = torch.ones_like(input_ids)
+    mask[1, :3] = 0
+    sc = torch.tensor([True, False, True])
+    torch.manual_seed(11)  # no generator: both draw t, the replacement mask and random tokens from the global RNG
+    out = model(input_ids=input_ids, attention_mask=mask, labels=labels, self_conditioning_mask=sc)
+    torch.manual_seed(11)
+    direct = block_diffusion_loss(model, input_ids, labels, attention_mask=mask, self_conditioning_mask=sc)
+    assert out.loss.requires_grad and torch.equal(out.loss, direct.loss)
+    assert torch.equal(out.logits, direct.logits) and torch.equal(out.noisy_canvas, direct.noisy_canvas)
+    assert torch.equal(out.self_conditioning_mask, sc)
 
 
 def test_ar_loss_ignores_padding():
@@ -173,7 +181,9 @@ def test_trainer_runs_with_checkpointing(tmp_path):
         output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2, learning_rate=1e-3, report_to=[],
         use_cpu=True, gradient_checkpointing=True, save_strategy="no", logging_steps=1, disable_tqdm=True,
     )
+    before = model.get_decoder().layers[0].self_attn.q_proj.weight.detach().clone()
     trainer = Trainer(model=model, args=args, train_dataset=rows)
     result = trainer.train()
-    assert torch.isfinite(torch.tensor(result.training_loss))
-    assert model.model.decoder.gradient_checkpointing
+    assert result.global_step == 2 and torch.isfinite(torch.tensor(result.training_loss))
+    assert model.get_decoder().gradient_checkpointing
+    assert not torch.equal(model.get_decoder().layers[0].self_attn.q_proj.weight, before)  # the optimizer stepped

@@ -1,0 +1,29 @@
+"""`DiffusionGemmaForBlockDiffusion`'s public accessors (diffusiongemma/modeling/model.py)."""
+
+import torch
+from transformers import PreTrainedModel
+
+from conftest import tiny_builtin, tiny_model
+
+
+def test_get_decoder_is_the_one_stack_at_the_builtin_path():
+    model, builtin = tiny_model(), tiny_builtin()
+    stack = model.get_decoder()
+    assert stack is dict(model.named_modules())["model.decoder"]
+    # the built-in class resolves get_decoder() to the module at the same path
+    assert builtin.get_decoder() is dict(builtin.named_modules())["model.decoder"]
+    # transformers' generic lookup would have returned the whole model: the override is needed
+    assert PreTrainedModel.get_decoder(model) is model
+    assert model.get_input_embeddings() is stack.embed_tokens
+
+
+def test_get_decoder_runs_both_modes_of_forward():
+    model = tiny_model()
+    ids, canvas = torch.randint(3, 128, (1, 7)), torch.randint(0, 128, (1, 16))
+    with torch.no_grad():
+        expected = model(input_ids=ids, decoder_input_ids=canvas).logits
+        stack = model.get_decoder()
+        cache = stack.new_cache()
+        stack.encode(stack.embed_tokens(ids), cache, model.model.encoder.layer_scalars(), backend="sdpa")
+        logits = model.head(stack.denoise(canvas, cache, backend="sdpa"))
+    assert torch.equal(logits, expected)
