@@ -48,7 +48,8 @@ def inverse_cdf_sample(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.T
     The two levels round differently (an fp32 block sum can exceed the fp64 sum of the same entries), so a target can
     lie past the end of the chosen block's running sum, or u * total can round up to the total. Both searches are
     therefore capped at the last entry with weight (`last_positive`): a draw in that rounding gap lands on the last
-    allowed token, never on a banned one.
+    allowed token, never on a banned one. A row without a distribution (NaN weights) gets some in-range index; the
+    caller detects it from the entropy (NaN) and raises.
 
     Example: weights [1, 0, 3] (p = 1/4, 0, 3/4), u = 0.5 -> target 2.0, CDF [1, 1, 4] -> token 2.
     Gap example: weights [1, 6e-8, 0, ...]: the fp32 sum is 1 + 2^-23 > 1 + 6e-8, so u = 0.99999999 targets past the
@@ -60,9 +61,11 @@ def inverse_cdf_sample(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.T
     cdf = blocks.sum(dim=-1).to(torch.float64).cumsum(dim=-1)  # [R, V/b]
     target = uniforms.to(torch.float64) * cdf[:, -1]  # [R]
     block = torch.minimum(torch.searchsorted(cdf, target[:, None], right=True), last_positive(cdf))  # [R, 1]
+    block = block.clamp_(max=V // b - 1)  # only NaN weights (a row with no distribution) reach past the end
     before = torch.where(block > 0, cdf.gather(1, (block - 1).clamp(min=0)), 0.0)
     inner = blocks[torch.arange(R, device=weights.device), block.view(-1)].to(torch.float64).cumsum(dim=-1)  # [R, b]
     token = torch.minimum(torch.searchsorted(inner, target[:, None] - before, right=True), last_positive(inner))
+    token = token.clamp_(max=b - 1)
     return (block * b + token).view(-1)
 
 

@@ -74,9 +74,22 @@ def new_canvas(model, run: GenerationRun, settings: StepSettings, sequences: tor
 
 
 def still_denoising(state: CanvasState, fast: bool) -> tuple[CanvasState, bool]:
-    """Spec D.4.4k, the one host read of a step: the [B] stop flags. Returns (state, whether any row still
-    denoises); in fast mode the state's `rows` then name the rows that denoise next."""
-    stopped = state.finished_denoising.tolist()
+    """Spec D.4.4k, the one host read of a step: the [B] stop flags (and, in the same copy, the [B] unsamplable
+    flags). Returns (state, whether any row still denoises); in fast mode the state's `rows` then name the rows that
+    denoise next.
+
+    Raises:
+        ValueError: a row's tempered logits gave no distribution to sample from.
+    """
+    flags = state.finished_denoising if state.unsamplable is None else torch.stack(
+        [state.finished_denoising, state.unsamplable])
+    flags = flags.tolist()
+    stopped = flags if state.unsamplable is None else flags[0]
+    if state.unsamplable is not None and any(flags[1]):
+        bad = [b for b, f in enumerate(flags[1]) if f]
+        raise ValueError(f"the tempered logits of batch rows {bad} are -inf for every token (or hold NaN / +inf), so "
+                         "there is nothing to sample: check the `logits_processor`s (a processor banned the whole "
+                         "vocabulary?)")
     if fast:
         state = replace(state, rows=[b for b, s in enumerate(stopped) if not s])
     return state, not all(stopped)

@@ -111,7 +111,9 @@ def denoise_step(model, state: CanvasState, settings: StepSettings) -> CanvasSta
         argmax = torch.where(done[:, None], state.argmax_canvas, argmax)
         canvas = torch.where(done[:, None], state.canvas, canvas)
         soft = torch.where(done[:, None, None], state.soft, soft)
-    # i. the stopper's decision stays on the device
+    # i. the stopper's decision stays on the device; so does the check that every row had a distribution (an
+    # all -inf row makes the reference's multinomial raise, while the fast sampler's arithmetic would yield NaN)
     done = done | settings.stopper(argmax, entropy)
     return replace(state, canvas=canvas, argmax_canvas=argmax, soft=soft, finished_denoising=done,
-                   forward_passes=passes, steps_remaining=state.steps_remaining - 1, draft_logits=kept)
+                   forward_passes=passes, steps_remaining=state.steps_remaining - 1, draft_logits=kept,
+                   unsamplable=entropy.isnan().any(dim=-1))

@@ -120,3 +120,19 @@ def test_compile_switch_compiles_the_layers_once_and_keeps_the_tokens(model, mon
             model.generate(prompts(1), compile="yes", **KW)
     finally:
         uncompile_layers(model)
+
+
+def test_a_row_with_nothing_to_sample_is_an_error_in_both_modes(model):
+    """A processor that bans every token of one row: the reference's multinomial raises; fast mode must not commit
+    the NaN arithmetic's garbage either."""
+
+    class BanRowOne:
+        def __call__(self, input_ids, scores):
+            scores[1] = float("-inf")
+            return scores
+
+    ids = prompts(2)
+    with pytest.raises(ValueError, match=r"batch rows \[1\] are -inf for every token"):
+        model.generate(ids, sampling="fast", seed=0, batching="lockstep", logits_processor=[BanRowOne()], **KW)
+    with pytest.raises(RuntimeError, match="probability tensor contains"):
+        model.generate(ids, logits_processor=[BanRowOne()], **KW)
