@@ -81,12 +81,9 @@ def still_denoising(state: CanvasState, fast: bool) -> tuple[CanvasState, bool]:
     Raises:
         ValueError: a row's tempered logits gave no distribution to sample from.
     """
-    flags = state.finished_denoising if state.unsamplable is None else torch.stack(
-        [state.finished_denoising, state.unsamplable])
-    flags = flags.tolist()
-    stopped = flags if state.unsamplable is None else flags[0]
-    if state.unsamplable is not None and any(flags[1]):
-        bad = [b for b, f in enumerate(flags[1]) if f]
+    stopped, unsamplable = torch.stack([state.finished_denoising, state.unsamplable]).tolist()  # 2 x [B]
+    if any(unsamplable):
+        bad = [b for b, f in enumerate(unsamplable) if f]
         raise ValueError(f"the tempered logits of batch rows {bad} are -inf for every token (or hold NaN / +inf), so "
                          "there is nothing to sample: check the `logits_processor`s (a processor banned the whole "
                          "vocabulary?)")
@@ -123,7 +120,7 @@ def generate_lockstep(model, run: GenerationRun, streamer):
     for c in range(run.num_canvases):
         # 1. encoder: the prompt first, then the canvas committed last round (writes the cache)
         model.encode(sequences if c == 0 else sequences[:, -L:], cache, keep=run.keep)
-        # 2. (vision inputs are not supported) 3. a fresh noise canvas, the stopper reset
+        # 2. (generate takes text only: no vision inputs to drop) 3. a fresh noise canvas, the stopper reset
         state = new_canvas(model, run, settings, sequences, finished, passes, live, c)
         # 4. denoise, counting the steps remaining N..1
         for _ in range(settings.max_steps):
