@@ -1,7 +1,6 @@
 """cpu_rng reproduces PyTorch's CPU exponential noise bit for bit (values and generator state). Floats are compared as
 bit patterns (so +0.0 != -0.0). `fast_multinomial`, built on it, is tested in test_multinomial.py."""
 
-import math
 
 import pytest
 import torch
