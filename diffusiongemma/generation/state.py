@@ -1,6 +1,6 @@
 """Per-canvas denoising state, in one object.
 
-Legend: B batch, L canvas length, H hidden.
+Legend: B batch, L canvas length, V vocab, H hidden, S' committed tokens (prompt and canvases so far).
 """
 
 from dataclasses import dataclass
@@ -10,7 +10,7 @@ import torch
 
 @dataclass
 class CanvasState:
-    """Everything one denoising step reads and writes.
+    """Everything one denoising step reads and writes; `denoise_step` returns a new one.
 
     Attributes:
         canvas: [B, L] tokens fed to the next decoder pass (accepted samples + fresh noise).
@@ -18,6 +18,14 @@ class CanvasState:
         soft: [B, L, H] self-conditioning soft embedding of the latest tempered logits, None before the first step.
         finished_denoising: [B] bool, rows whose stopper fired (frozen until the canvas ends).
         forward_passes: [B] int32, denoising passes counted per row over the whole generation.
+        steps_remaining: n of spec D.4.4, counting N..1 (the next step's temperature and `cur_step`).
+        sequences: [B, S'] the committed tokens (what logits processors see); fixed for the canvas.
+        finished_sequences: [B] bool, rows that finished their sequence before this canvas; fixed for the canvas.
+        rows: fast mode: the rows that still denoise, host-side, in order (read once per step by the outer loop, so
+            the step itself never reads the device); None in reference mode (every row runs).
+        draft_logits: [B, L, V] tempered logits of the latest step, kept only for a streamer that takes logits.
+        unsamplable: [B] bool, rows whose latest tempered logits gave no distribution (every token -inf, or a NaN
+            or +inf score): the loop raises instead of committing noise.
     """
 
     canvas: torch.Tensor
@@ -25,3 +33,9 @@ class CanvasState:
     soft: torch.Tensor | None
     finished_denoising: torch.Tensor
     forward_passes: torch.Tensor
+    steps_remaining: int = 0
+    sequences: torch.Tensor | None = None
+    finished_sequences: torch.Tensor | None = None
+    rows: list[int] | None = None
+    draft_logits: torch.Tensor | None = None
+    unsamplable: torch.Tensor | None = None

@@ -3,17 +3,8 @@
 Legend: B batch, L canvas length.
 """
 
-from typing import Protocol
-
 import torch
-
-
-class Stopper(Protocol):
-    def reset(self, batch: int) -> None:
-        """Forget the history (called at the start of every canvas)."""
-
-    def __call__(self, argmax_canvas: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
-        """argmax_canvas [B, L], entropy [B, L] of the tempered logits -> [B] bool: this row may stop now."""
+from transformers import StoppingCriteriaList
 
 
 class StableAndConfidentStopper:
@@ -27,9 +18,12 @@ class StableAndConfidentStopper:
         self.history = None  # [S, B, L], -1 = nothing seen yet
 
     def reset(self, batch: int) -> None:
+        """Forget the history (called at the start of every canvas)."""
         self.history = None
 
     def __call__(self, argmax_canvas: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
+        """argmax_canvas [B, L], entropy [B, L] of the tempered logits -> [B] bool: this row may stop now (computed on
+        the device; nothing is read on the host)."""
         B, L = argmax_canvas.shape
         if self.stability_threshold == 0:
             stable = torch.ones(B, dtype=torch.bool, device=argmax_canvas.device)
@@ -55,3 +49,33 @@ def pad_after_eos(canvas: torch.Tensor, eos_ids: torch.Tensor, pad_id: int) -> t
     seen = is_eos.cumsum(dim=-1)
     after_first = (seen > 0) & ~((seen == 1) & is_eos)
     return canvas.masked_fill(after_first, pad_id)
+
+
+def finalize_canvas(
+    sequences: torch.Tensor,
+    finished: torch.Tensor,
+    canvas_length: int,
+    max_length: int | None,
+    pad_id: int | None,
+    eos_ids: torch.Tensor | None,
+    user_criteria: StoppingCriteriaList | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Spec D.4.6 after a commit: sequences [B, S'] (ending in the new canvas), finished [B] ->
+    (sequences with the new canvas padded, finished [B]).
+
+    Rows finished earlier get a new canvas of pad; every token after a row's first EOS becomes pad. The reference
+    does both only when some row finished; here they always run (a no-op otherwise: no earlier-finished row, no EOS
+    in any new canvas), so the host never reads whether any row finished.
+    """
+    L = canvas_length
+    done_now = eos_in_new_tokens(sequences, L, eos_ids)
+    if max_length is not None:
+        done_now = done_now | (sequences.shape[1] >= max_length)
+    if user_criteria:
+        done_now = done_now | user_criteria(sequences, None, new_token_length=L).to(done_now.device)
+    if pad_id is not None:
+        new = sequences[:, -L:].masked_fill(finished[:, None], pad_id)  # [B, L]
+        if eos_ids is not None:
+            new = pad_after_eos(new, eos_ids, pad_id)
+        sequences = torch.cat([sequences[:, :-L], new], dim=-1)
+    return sequences, finished | done_now

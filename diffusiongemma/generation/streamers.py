@@ -19,7 +19,7 @@ class CanvasPrinter(TextStreamer):
     Args:
         tokenizer: decodes tokens.
         show_drafts: redraw every denoising draft (dimmed) below the committed text.
-        progress: also print "canvas k/n, step s" on stderr while drafting.
+        progress: also print "[canvas k/n, step s]" on the line below the draft (to `stream`, like the text).
         total_canvases: n for the progress line.
         stream: where text goes (default stdout).
     """

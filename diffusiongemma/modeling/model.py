@@ -152,6 +152,11 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         """
         return self.model.decoder
 
+    def get_decoder(self) -> DiffusionGemmaTextStack:
+        """The one text stack (`model.model.decoder`): embeddings, layers and final norm, used for both encoding and
+        denoising. Generation and training reach the stack only through this accessor."""
+        return self.model.decoder
+
     @property
     def canvas_length(self) -> int:
         return int(self.config.canvas_length)

@@ -1,14 +1,11 @@
-"""cpu_rng reproduces PyTorch's CPU exponential noise bit for bit (values and generator state), and the reference
-sampler's `fast_multinomial` built on it reproduces `torch.multinomial(probs, 1)`: the same samples, the same
-generator state, the same draws afterwards. Floats are compared as bit patterns (so +0.0 != -0.0)."""
+"""cpu_rng reproduces PyTorch's CPU exponential noise bit for bit (values and generator state). Floats are compared as
+bit patterns (so +0.0 != -0.0). `fast_multinomial`, built on it, is tested in test_multinomial.py."""
 
-import math
 
 import pytest
 import torch
 
 from diffusiongemma.generation import cpu_rng
-from diffusiongemma.generation.sampler import NOISE_CHUNK, fast_multinomial, fast_multinomial_is_exact
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,9 +19,8 @@ def libm_noise(ks: list[int]) -> torch.Tensor:
     return torch.tensor([-1.0 * cpu_rng._LOG1P(-(k * 2.0**-53)) for k in ks], dtype=torch.float64).to(torch.float32)
 
 
-def test_probes_pass_on_this_build():
+def test_probe_passes_on_this_build():
     assert cpu_rng.exponential_matches_torch()
-    assert fast_multinomial_is_exact()
 
 
 @pytest.mark.parametrize("n", [1, 2, 623, 625, 1000, 65_537, 300_001])
@@ -78,61 +74,3 @@ def test_libm_fix_up_path_is_exact_too():
     g.set_state(start)
     got = cpu_rng.exponential_(torch.empty(100_000), g, margin=1 << 24)
     assert torch.equal(bits_of(got), bits_of(expected))
-
-
-def multinomial_pair(probs: torch.Tensor, generator: torch.Generator | None, setup_seed: int):
-    """(torch.multinomial, fast_multinomial) from the same generator state, each followed by 20 randint draws."""
-    get = generator.get_state if generator is not None else torch.random.get_rng_state
-    put = generator.set_state if generator is not None else torch.random.set_rng_state
-    (generator.manual_seed if generator is not None else torch.manual_seed)(setup_seed)
-    torch.randint(0, 50, (setup_seed % 3 + 1,), generator=generator)  # other draws before
-    start = get()
-    expected = torch.multinomial(probs, 1, generator=generator).view(-1)
-    after = get()
-    expected_next = torch.randint(0, 2**30, (20,), generator=generator)
-    put(start)
-    got = fast_multinomial(probs, generator)
-    got_after = get()
-    got_next = torch.randint(0, 2**30, (20,), generator=generator)
-    return (expected, after, expected_next), (got, got_after, got_next)
-
-
-@pytest.mark.parametrize(
-    "rows, vocab",
-    [(1, 5), (7, 1000), (300, 97), (4, 50_257), (3, 3 * NOISE_CHUNK // 2), (9, 32_768), (2, 262_144)],
-)
-@pytest.mark.parametrize("use_generator", [False, True])
-def test_fast_multinomial_matches_torch(rows, vocab, use_generator):
-    g = torch.Generator().manual_seed(rows * vocab)
-    probs = (torch.randn(rows, vocab, generator=g) * 3).softmax(-1)
-    probs[:, ::11] = 0.0  # impossible tokens
-    generator = torch.Generator() if use_generator else None
-    (expected, after, expected_next), (got, got_after, got_next) = multinomial_pair(probs, generator, rows + vocab)
-    assert torch.equal(got, expected)
-    assert torch.equal(got_after, after)
-    assert torch.equal(got_next, expected_next)
-
-
-def test_fast_multinomial_peaked_rows_and_exact_ties():
-    # one-hot rows, rows of equal probabilities and duplicated rows: samples and state still match
-    probs = torch.zeros(64, 300)
-    probs[:16, 7] = 1.0
-    probs[16:32] = 1.0 / 300
-    probs[32:] = torch.rand(1, 300).softmax(-1)
-    (expected, after, _), (got, got_after, _) = multinomial_pair(probs, None, 4)
-    assert torch.equal(got, expected) and torch.equal(got_after, after)
-    assert bool((got[:16] == 7).all())
-
-
-@pytest.mark.parametrize("bad", ["negative", "nan", "inf", "zero_row"])
-def test_fast_multinomial_rejects_what_torch_rejects(bad):
-    probs = torch.rand(4, 20)
-    if bad == "zero_row":
-        probs[2] = 0.0
-    else:
-        probs[1, 3] = {"negative": -0.1, "nan": math.nan, "inf": math.inf}[bad]
-    with pytest.raises(RuntimeError) as expected:
-        torch.multinomial(probs, 1)
-    with pytest.raises(RuntimeError) as got:
-        fast_multinomial(probs)
-    assert str(got.value) == str(expected.value)

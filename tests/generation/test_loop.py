@@ -46,10 +46,53 @@ def test_fast_seed_and_generator_fix_the_output(model):
     assert torch.equal(model.generate(ids, sampling="fast", **KW).sequences, d)
 
 
-def test_fast_counts_passes_only_for_working_rows(model):
-    out = model.generate(prompts(2), sampling="fast", seed=0, return_dict_in_generate=True, **KW)
-    assert out.sequences.shape == (2, 6 + 48)
-    assert bool((out.tokens_per_forward > 0).all())
+def count_steps(monkeypatch) -> list:
+    """Patch `loop.denoise_step` to record, per call, how many rows ran (None: every row)."""
+    from diffusiongemma.generation import loop
+
+    calls, real = [], loop.denoise_step
+    monkeypatch.setattr(loop, "denoise_step", lambda m, state, settings: calls.append(state.rows) or real(m, state,
+                                                                                                     settings))
+    return calls
+
+
+def test_fast_counts_passes_only_for_working_rows(model, monkeypatch):
+    """A row's passes are the steps it ran: exactly the steps it takes alone (fast rows are independent), although
+    the batch runs more steps than some rows (rows that stopped denoising or finished are not counted)."""
+    ids = prompts(3)
+    kw = dict(KW, eos_token_id=7, batching="lockstep", return_dict_in_generate=True)
+    seeds = [5, 9, 2]
+    alone = []
+    for row, seed in enumerate(seeds):
+        calls = count_steps(monkeypatch)
+        model.generate(ids[row : row + 1], sampling="fast", seed=[seed], **kw)
+        alone.append(len(calls))  # batch of 1: every step is a pass of that row
+        monkeypatch.undo()
+    calls = count_steps(monkeypatch)
+    out = model.generate(ids, sampling="fast", seed=seeds, **kw)
+    assert len(set(alone)) > 1 and len(calls) > min(alone)  # rows differ, and some steps skipped a row
+    assert sum(len(rows) for rows in calls) == sum(alone)  # every pass ran exactly one working row's sampler
+    new_tokens = (out.sequences[:, 6:] != 0).sum(dim=-1)  # [B] non-pad tokens
+    expected = new_tokens / torch.tensor(alone, dtype=torch.int32)
+    assert torch.equal(out.tokens_per_forward, expected), (out.tokens_per_forward, alone)
+
+
+def test_lockstep_chunks_refuse_what_they_cannot_share(model):
+    class Recorder:
+        def put(self, value):
+            pass
+
+        def end(self):
+            pass
+
+    ids = prompts(3)
+    with pytest.raises(ValueError, match=r"below the batch \(3\).*`streamer`"):
+        model.generate(ids, sampling="fast", batching="lockstep", max_batch_size=2, streamer=Recorder(), **KW)
+    with pytest.raises(ValueError, match=r"`past_key_values`"):
+        model.generate(ids, sampling="fast", max_batch_size=2, past_key_values=model.new_cache(), **KW)
+    # chunks alone still run: each row's tokens are those of its chunk run alone
+    seq = model.generate(ids, sampling="fast", batching="lockstep", max_batch_size=2, seed=[4, 5, 6], **KW).sequences
+    assert torch.equal(seq[2:], model.generate(ids[2:], sampling="fast", seed=[6], **KW).sequences)
 
 
 def test_reference_mode_rejects_seeds(model):
@@ -77,3 +120,19 @@ def test_compile_switch_compiles_the_layers_once_and_keeps_the_tokens(model, mon
             model.generate(prompts(1), compile="yes", **KW)
     finally:
         uncompile_layers(model)
+
+
+def test_a_row_with_nothing_to_sample_is_an_error_in_both_modes(model):
+    """A processor that bans every token of one row: the reference's multinomial raises; fast mode must not commit
+    the NaN arithmetic's garbage either."""
+
+    class BanRowOne:
+        def __call__(self, input_ids, scores):
+            scores[1] = float("-inf")
+            return scores
+
+    ids = prompts(2)
+    with pytest.raises(ValueError, match=r"batch rows \[1\] are -inf for every token"):
+        model.generate(ids, sampling="fast", seed=0, batching="lockstep", logits_processor=[BanRowOne()], **KW)
+    with pytest.raises(RuntimeError, match="probability tensor contains"):
+        model.generate(ids, logits_processor=[BanRowOne()], **KW)

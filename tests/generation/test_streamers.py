@@ -2,6 +2,8 @@
 
 import io
 
+import pytest
+
 import torch
 from transformers.generation.streamers import TextDiffusionStreamer
 
@@ -62,3 +64,26 @@ def test_canvas_printer_redraws_drafts_and_prints_text():
     assert "\x1b7" in text and "\x1b8\x1b[J" in text  # saved cursor, restored and cleared per draft
     assert "[canvas 1/1, step 1]" in text
     assert text.rstrip("\n").endswith(tok.decode(out.sequences[0, 2:]))
+
+
+class LogitsRecorder(Recorder):
+    _takes_logits = True
+
+    def put_draft(self, value=None, logits=None):
+        self.events.append(("draft", logits.clone()))
+
+
+def test_streamer_that_takes_logits_gets_every_steps_tempered_logits():
+    model = tiny_model()
+    ids = torch.randint(3, 128, (2, 5), generator=torch.Generator().manual_seed(0))
+    kw = dict(max_new_tokens=16, max_denoising_steps=3)
+    rec = LogitsRecorder()
+    model.generate(ids, streamer=rec, **kw)
+    drafts = [v for kind, v in rec.events if kind == "draft"]
+    assert drafts and all(d.shape == (2, 16, 128) and d.dtype == torch.float32 for d in drafts)
+    # fast mode skips the LM head for rows that stopped: with several rows their logits would not exist
+    with pytest.raises(ValueError, match="_takes_logits=True"):
+        model.generate(ids, streamer=LogitsRecorder(), sampling="fast", **kw)
+    rec = LogitsRecorder()
+    model.generate(ids[:1], streamer=rec, sampling="fast", seed=0, **kw)
+    assert all(v.shape == (1, 16, 128) for kind, v in rec.events if kind == "draft")

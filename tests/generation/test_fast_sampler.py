@@ -1,21 +1,18 @@
-"""Sampler math (generation/sampler.py): pure functions on hand-built logits, blockwise reference exactness, and a
-chi-square test that the fast sampler draws from exactly the reference distribution (and that a biased one fails)."""
+"""The fast sampler (generation/fast_sampler.py): hand values, a chi-square test that it draws from exactly the
+reference distribution (and that a biased one fails), per-row generators, and never a zero-weight token."""
 
 import math
 
 import pytest
 import torch
 
-from diffusiongemma.generation.sampler import (
+from diffusiongemma.generation.entropy_bound import row_block, token_entropy
+from diffusiongemma.generation.fast_sampler import (
     FastSampler,
-    ReferenceSampler,
-    entropy_bound_accept,
     inverse_cdf_sample,
     one_pass,
-    renoise,
     row_generators,
-    temperature_at,
-    token_entropy,
+    soft_group_rows,
 )
 
 # chi-square critical values at significance 1e-4 (df -> value), from the chi-square quantile table
@@ -23,36 +20,6 @@ CHI2_CRIT = {3: 21.108, 5: 25.745}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def test_temperature_at_counts_steps_remaining():
-    # T = 0.4 + 0.4 * n / 4: n = 4 -> 0.8 (first step), n = 1 -> 0.5 (last step, never t_min)
-    assert temperature_at(4, 4, 0.4, 0.8).item() == pytest.approx(0.8)
-    assert temperature_at(1, 4, 0.4, 0.8).item() == pytest.approx(0.5)
-    assert temperature_at(1, 4, 0.4, 0.8).dtype == torch.float32
-
-
-def test_token_entropy_hand_values():
-    logits = torch.tensor([[0.0, 0.0], [0.0, -math.inf], [0.0, math.log(3.0)]])
-    # [0, 0]: p = (1/2, 1/2) -> ln 2 = 0.693147
-    # [0, -inf]: p = (1, 0) -> 0 (the -inf log-prob is clamped, so 0 * finite = 0, not NaN)
-    # [0, ln 3]: p = (1/4, 3/4) -> -(0.25 ln 0.25 + 0.75 ln 0.75) = 0.346574 + 0.215762 = 0.562335
-    expected = torch.tensor([0.693147, 0.0, 0.562335])
-    torch.testing.assert_close(token_entropy(logits), expected, atol=1e-6, rtol=0)
-
-
-def test_entropy_bound_accept_is_a_prefix_of_the_ranking():
-    entropy = torch.tensor([[0.3, 0.01, 0.05]])
-    # ascending: 0.01 (pos 1), 0.05 (pos 2), 0.3 (pos 0); exclusive cumsums 0, 0.01, 0.06
-    assert entropy_bound_accept(entropy, 0.1).tolist() == [[True, True, True]]  # 0.06 <= 0.1
-    assert entropy_bound_accept(entropy, 0.03).tolist() == [[False, True, True]]  # 0.06 > 0.03
-    assert entropy_bound_accept(entropy, 0.005).tolist() == [[False, True, False]]  # lowest always accepted
-
-
-def test_renoise_never_keeps_the_previous_canvas():
-    sample, noise = torch.tensor([[5, 6, 7]]), torch.tensor([[1, 2, 3]])
-    accepted = torch.tensor([[True, False, True]])
-    assert renoise(sample, accepted, noise).tolist() == [[5, 2, 7]]
 
 
 def test_inverse_cdf_sample_hand_values():
@@ -119,28 +86,6 @@ def test_two_level_cdf_distribution_across_blocks():
     assert chi_square(remapped, logits[support].softmax(-1)) < CHI2_CRIT[3]
 
 
-def whole_tensor_reference_step(logits, bound):
-    """The reference step written plainly over the whole tensor (as transformers' built-in does it)."""
-    B, L, V = logits.shape
-    entropy = token_entropy(logits)
-    sample = torch.multinomial(logits.softmax(-1).view(B * L, V), 1).view(B, L)
-    noise = torch.randint(0, V, (B, L))
-    return renoise(sample, entropy_bound_accept(entropy, bound), noise), logits.argmax(-1), entropy
-
-
-def test_blockwise_reference_step_is_bit_exact():
-    # V = 2**17 -> 8 rows per block: 3 * 5 = 15 positions span two blocks, the second one partial
-    logits = torch.randn(3, 5, 2**17, generator=torch.Generator().manual_seed(0)) * 3
-    torch.manual_seed(11)
-    expected = whole_tensor_reference_step(logits, 0.1)
-    state = torch.get_rng_state()
-    torch.manual_seed(11)
-    out = ReferenceSampler(0.1, 2**17).step(logits)
-    assert torch.equal(out.canvas, expected[0]) and torch.equal(out.argmax, expected[1])
-    assert torch.equal(out.entropy, expected[2])
-    assert torch.equal(torch.get_rng_state(), state)  # same amount of global RNG consumed
-
-
 def test_fast_sampler_rows_draw_from_their_own_generators():
     logits = torch.randn(2, 4, 50, generator=torch.Generator().manual_seed(0))
     batch = FastSampler(0.1, 50, row_generators(2, torch.device("cpu"), seed=[3, 8]))
@@ -167,21 +112,10 @@ def test_row_generators_arguments():
     assert row_generators(2, cpu, generator=gens) == gens
 
 
-def test_first_argmax_matches_torch_argmax_including_ties():
-    from diffusiongemma.generation.sampler import first_argmax
-
-    x = torch.randint(0, 3, (64, 2048)).float()  # many ties, across and inside blocks of 1024
-    x[5] = 0.0
-    x[6, 1500] = 9.0
-    assert torch.equal(first_argmax(x), x.argmax(-1))
-    y = torch.randn(4, 100)  # 100 has no power-of-two divisor >= 32: one block
-    assert torch.equal(first_argmax(y), y.argmax(-1))
-
-
 def test_fast_sampler_soft_embedding_over_staged_row_groups():
     """Probabilities are staged over several row blocks per soft-embedding matmul (here blocks of 16 rows, groups of
     64, and a last partial group): the result is softmax(logits) @ embedding for every row."""
-    from diffusiongemma.generation.sampler import FastSampler, row_block, soft_group_rows
+
 
     B, L, V, H = 2, 75, 65536, 8
     assert row_block(V) == 16 and soft_group_rows(V) >= 64
@@ -192,3 +126,55 @@ def test_fast_sampler_soft_embedding_over_staged_row_groups():
     out = sampler.step(logits.clone(), None, lambda p: p @ weight)
     torch.testing.assert_close(out.soft, logits.softmax(-1) @ weight, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.argmax, logits.argmax(-1), atol=0, rtol=0)
+
+
+def test_rounding_gap_never_reaches_a_zero_weight_token():
+    # weights [1, 6e-8, 0, ...] in one block of 64: the fp32 block sum rounds up to 1 + 2^-23 = 1.00000012 while the
+    # fp64 running sum inside the block ends at 1.00000006. u = 0.99999999 targets 1.00000011, past that end: an
+    # uncapped search falls off the block onto token 63 (weight 0); capped, it lands on token 1, the last with weight
+    weights = torch.zeros(2, 64)
+    weights[:, 0], weights[:, 1] = 1.0, 6e-8
+    u = torch.tensor([0.99999999, 0.5], dtype=torch.float64)
+    assert inverse_cdf_sample(weights, u).tolist() == [1, 0]
+    # the same across blocks: V = 2048, all mass in block 0, u as close to 1 as a double gets
+    wide = torch.zeros(1, 2048)
+    wide[0, 0], wide[0, 1] = 1.0, 6e-8
+    assert inverse_cdf_sample(wide, torch.tensor([1 - 2**-53], dtype=torch.float64)).tolist() == [1]
+    # and from logits, through the one-pass path the fast sampler runs
+    logits = torch.full((2, 64), -math.inf)
+    logits[:, 0], logits[:, 1] = 0.0, math.log(6e-8)
+    assert one_pass(logits, u).sample.tolist() == [1, 0]
+
+
+class BanMostOfTheVocabulary:
+    """A logits processor (transformers' signature) that leaves only `allowed` tokens: every other score is -inf."""
+
+    def __init__(self, allowed: torch.Tensor, vocab_size: int):
+        self.banned = torch.ones(vocab_size, dtype=torch.bool)
+        self.banned[allowed] = False
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return scores.masked_fill(self.banned, -math.inf)
+
+
+def test_fast_sampler_never_draws_a_banned_token():
+    """A processor bans all but 20 of 4096 tokens (none is the last of its block of 1024, where a search that falls
+    off a block lands). 8192 positions per step over 3 steps through the sampler, then 8192 rows through its one-pass
+    kernel with uniforms in [1 - 1e-7, 1), the top of the CDF where the fp32/fp64 rounding gap bites (an uncapped
+    search draws a banned token in a few hundred of them): never a banned token. An infinite entropy bound accepts
+    every sample, so the sampler's canvas is the samples themselves."""
+    B, L, V = 64, 128, 4096
+    g = torch.Generator().manual_seed(0)
+    allowed = torch.tensor([0, 1, 5, 100, 777, 1021, 1022, 1024, 1500, 2046, 2048, 2049, 3000, 3070, 3072, 3500,
+                            4000, 4090, 4093, 4094])
+    ban = BanMostOfTheVocabulary(allowed, V)
+    sampler = FastSampler(math.inf, V, row_generators(B, torch.device("cpu"), seed=1))
+    for step in range(3):
+        logits = ban(None, torch.randn(B, L, V, generator=g) * 4)
+        out = sampler.step(logits.clone(), None, None)
+        assert bool(torch.isin(out.canvas, allowed).all()), f"step {step}: a banned token was drawn"
+        assert torch.equal(out.argmax, logits.argmax(-1))
+    logits = ban(None, torch.randn(B * L, V, generator=g) * 4)
+    u = 1 - 1e-7 * torch.rand(B * L, dtype=torch.float64, generator=g)
+    drawn = one_pass(logits, u).sample
+    assert bool(torch.isin(drawn, allowed).all()), f"banned tokens drawn: {drawn[~torch.isin(drawn, allowed)]}"

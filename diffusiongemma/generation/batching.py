@@ -1,0 +1,62 @@
+"""Fast mode's two ways through a batch other than one lock-step loop: mixed batching (`mixed.py` schedules every row
+on its own) and lock-step over consecutive chunks of `max_batch_size` rows (the baseline mixed batching beats).
+
+Legend: B batch, P prompt, L canvas length, V vocab, H hidden, c committed canvases.
+"""
+
+import torch
+from transformers.utils import logging
+
+from .mixed import MixedScheduler, MixedSettings
+from .outputs import DiffusionGemmaGenerationOutput, generation_output
+from .resolve import GenerationRun
+from .stopping import StableAndConfidentStopper
+
+logger = logging.get_logger(__name__)
+
+
+def generate_mixed(model, run: GenerationRun):
+    """Mixed batching: each row commits as soon as its canvas converged and leaves the batch when it finished."""
+    config, stack = run.config, model.get_decoder()
+    sc_logits = run.self_conditioning_logits
+    first_soft = stack.soft_embedding(sc_logits.to(stack.embed_tokens.weight.dtype)) if sc_logits is not None else None
+    scheduler = MixedScheduler(
+        model, run.sampler, lambda: StableAndConfidentStopper(config.stability_threshold, config.confidence_threshold),
+        MixedSettings(run.num_canvases, config.max_denoising_steps, config.t_min, config.t_max, run.eos_ids,
+                      config.pad_token_id, run.max_batch_size or run.input_ids.shape[0]),
+        run.processors, run.user_criteria, run.decoder_input_ids, first_soft,
+    )
+    sequences, passes = scheduler.generate(run.input_ids, run.attention_mask)
+    return generation_output(config, sequences, run.input_ids.shape[1], passes)
+
+
+def generate_in_chunks(generate, model, run: GenerationRun):
+    """Lock-step fast mode over consecutive chunks of `run.max_batch_size` rows; `generate` runs one chunk.
+
+    Each chunk keeps its rows' generators, so a row's tokens are those of its chunk run alone. Chunks that stopped
+    after fewer canvases are filled up to the longest with pad (with 0, and a warning, when there is no pad id).
+    `resolve_batching` refused a streamer and `past_key_values` here: chunks share neither.
+    """
+    config, chunk = run.config, run.max_batch_size
+    ids, mask = run.input_ids, run.attention_mask
+    seeded = {"decoder_input_ids": run.decoder_input_ids, "self_conditioning_logits": run.self_conditioning_logits}
+    outs = []
+    for a in range(0, ids.shape[0], chunk):
+        outs.append(generate(
+            model, ids[a : a + chunk], None if mask is None else mask[a : a + chunk], generation_config=config,
+            logits_processor=run.processors, stopping_criteria=run.user_criteria, sampling="fast",
+            generator=run.generators[a : a + chunk], batching="lockstep", return_dict_in_generate=True,
+            **{k: v[a : a + chunk] for k, v in seeded.items() if v is not None},
+        ))
+    width = max(o.sequences.shape[1] for o in outs)
+    pad = config.pad_token_id
+    if pad is None and any(o.sequences.shape[1] < width for o in outs):
+        logger.warning_once("lock-step chunks stopped after different numbers of canvases and there is no "
+                            "`pad_token_id`: the shorter chunks' rows are filled with token 0")
+    sequences = torch.cat([torch.nn.functional.pad(o.sequences, (0, width - o.sequences.shape[1]),
+                                                   value=pad if pad is not None else 0) for o in outs])
+    if not config.return_dict_in_generate:
+        return sequences
+    return DiffusionGemmaGenerationOutput(
+        sequences=sequences, tokens_per_forward=torch.cat([o.tokens_per_forward for o in outs])
+    )

@@ -1,0 +1,44 @@
+"""What `generate` returns (spec D.6).
+
+Legend: B batch, P prompt, L canvas length, c committed canvases.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from transformers.utils import ModelOutput
+
+
+@dataclass
+class DiffusionGemmaGenerationOutput(ModelOutput):
+    """Result of `generate` with `return_dict_in_generate=True`.
+
+    Attributes:
+        sequences: [B, P + c*L] prompt followed by the committed canvases (pad after EOS).
+        tokens_per_forward: [B] float, new non-pad tokens per denoising pass of that row.
+        past_key_values: the cache; holds the prompt and every canvas but the last (spec D.6). Lock-step only.
+    """
+
+    sequences: torch.LongTensor | None = None
+    tokens_per_forward: torch.Tensor | None = None
+    past_key_values: object | None = None
+    logits: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+    hidden_states: torch.Tensor | None = None
+
+
+def tokens_per_forward(new_tokens: torch.Tensor, passes: torch.Tensor, pad_id: int | None) -> torch.Tensor:
+    """[B]: new tokens that are not pad (all of them without a pad id) per denoising pass (pitfall H.14)."""
+    valid = (new_tokens != pad_id).sum(dim=-1) if pad_id is not None else new_tokens.shape[1]
+    return valid / passes
+
+
+def generation_output(config, sequences: torch.Tensor, prompt_length: int, passes: torch.Tensor, cache=None):
+    """The sequences [B, P + c*L], or with `return_dict_in_generate` a `DiffusionGemmaGenerationOutput`."""
+    if not config.return_dict_in_generate:
+        return sequences
+    return DiffusionGemmaGenerationOutput(
+        sequences=sequences,
+        tokens_per_forward=tokens_per_forward(sequences[:, prompt_length:], passes, config.pad_token_id),
+        past_key_values=cache,
+    )

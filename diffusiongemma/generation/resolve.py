@@ -1,0 +1,172 @@
+"""Resolve and validate every argument of `generate` once, at the top (spec D.1-D.3): nothing below reads `**kwargs`.
+
+The result is one frozen `GenerationRun`; the loops read only it.
+
+Legend: B batch, P prompt, L canvas length, S cached slots, V vocab, H hidden.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from transformers import LogitsProcessorList, StoppingCriteriaList
+from transformers.utils import logging
+
+from ..modeling.cache import BlockDiffusionCache
+from ..modeling.validation import check_token_ids, padding_vector
+from .config import DiffusionGemmaGenerationConfig, resolve_generation_config
+from .sampler import SAMPLERS, Sampler, make_sampler, row_generators
+
+MODEL_KWARGS = ("decoder_input_ids", "self_conditioning_logits")
+# Autoregressive sampling knobs that generic callers (the text-generation pipeline adds do_sample=True and
+# temperature=0.7 by default) pass along. Block diffusion always samples, with its own temperature schedule.
+AR_SAMPLING_KWARGS = ("do_sample", "temperature")
+BATCHING = ("mixed", "lockstep")
+
+logger = logging.get_logger(__name__)
+
+
+def check_ar_sampling_kwargs(rest: dict) -> None:
+    """do_sample=False is an error (there is no greedy block diffusion); temperature is superseded by t_min/t_max."""
+    if rest.get("do_sample") is False:
+        raise ValueError("`do_sample=False` is not supported: block diffusion always samples; lower `t_min`/`t_max` "
+                         "for more deterministic output")
+    if rest.get("temperature") is not None:
+        logger.warning_once(
+            "`temperature` is not used by block diffusion, which follows its own linear schedule from `t_max` to "
+            "`t_min`; pass those instead."
+        )
+
+
+def generated_length(config, cur_len: int, explicit: set) -> tuple[int, int]:
+    """(max_length, max_new_tokens) as the reference resolves them (spec D.2, pitfall H.11)."""
+    if {"max_length", "max_new_tokens"} <= explicit:
+        raise ValueError("Pass only one of `max_length` and `max_new_tokens`")
+    if config.max_length and config.max_new_tokens == 256 and "max_new_tokens" not in explicit:
+        max_new_tokens = config.max_length - cur_len
+        if max_new_tokens <= 0:
+            raise ValueError(f"`max_length` ({config.max_length}) must exceed the prompt length ({cur_len})")
+        return config.max_length, max_new_tokens
+    return config.max_new_tokens + cur_len, config.max_new_tokens
+
+
+def resolve_batching(batching, max_batch_size, fast: bool, batch: int, streamer, past_key_values) -> str:
+    """"mixed", "lockstep" or "chunks" (lock-step over consecutive chunks of `max_batch_size` rows).
+
+    None picks "mixed" for fast mode with several rows and neither a streamer nor a cache to continue. A streamer and
+    `past_key_values` follow one lock-step batch, so they refuse mixed batching and chunks.
+    """
+    if batching is not None and batching not in BATCHING:
+        raise ValueError(f"`batching` must be one of {list(BATCHING)}, got {batching!r}")
+    if max_batch_size is not None and (isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int)
+                                       or max_batch_size < 1):
+        raise ValueError(f"`max_batch_size` must be a positive int, got {max_batch_size!r}")
+    if not fast:
+        if batching == "mixed" or max_batch_size is not None:
+            raise ValueError("`batching='mixed'` and `max_batch_size` need sampling='fast' (reference mode "
+                             "reproduces the built-in lock-step batch)")
+        return "lockstep"
+    if batching == "mixed" and streamer is not None:
+        raise ValueError("a `streamer` follows one lock-step batch: pass batching='lockstep' (or no streamer)")
+    if batching == "mixed" and past_key_values is not None:
+        raise ValueError("`past_key_values` continues one shared cache: pass batching='lockstep'")
+    if batching is None:
+        batching = "mixed" if batch > 1 and streamer is None and past_key_values is None else "lockstep"
+    if batching == "lockstep" and max_batch_size is not None and max_batch_size < batch:
+        shared = [name for name, value in (("streamer", streamer), ("past_key_values", past_key_values))
+                  if value is not None]
+        if shared:
+            raise ValueError(
+                f"`max_batch_size` ({max_batch_size}) below the batch ({batch}) runs lock-step chunks one after "
+                f"another, which cannot share {' or '.join(f'`{n}`' for n in shared)} (one prompt/end sequence, one "
+                f"cache): pass max_batch_size=None (or >= {batch}), or drop {' and '.join(shared)}"
+            )
+        return "chunks"
+    return batching
+
+
+@dataclass(frozen=True)
+class GenerationRun:
+    """Everything `generate` resolved from its arguments; read by the loops, never changed."""
+
+    config: DiffusionGemmaGenerationConfig
+    input_ids: torch.Tensor  # [B, P]
+    attention_mask: torch.Tensor | None  # [B, S + P] as given
+    keep: torch.Tensor | None  # [B, all slots] bool, None without padding
+    cur_len: int  # S + P
+    num_canvases: int
+    fast: bool
+    batching: str  # "mixed", "lockstep" or "chunks"
+    max_batch_size: int | None
+    generators: list | None  # fast mode: one per row
+    sampler: Sampler
+    processors: LogitsProcessorList | None
+    user_criteria: StoppingCriteriaList | None
+    eos_ids: torch.Tensor | None  # [E]
+    decoder_input_ids: torch.Tensor | None  # [B, L]
+    self_conditioning_logits: torch.Tensor | None  # [B, L, V]
+    past_key_values: BlockDiffusionCache | None
+
+
+def resolve_run(model, input_ids, attention_mask, generation_config, streamer, logits_processor, stopping_criteria,
+                past_key_values, sampling, seed, generator, batching, max_batch_size, kwargs: dict) -> GenerationRun:
+    """Validate every argument of `generate` (see there) and resolve them into one `GenerationRun`."""
+    text = model.config.text_config
+    V, L = text.vocab_size, model.canvas_length
+    config, rest, explicit = resolve_generation_config(model.generation_config, generation_config, kwargs)
+    check_ar_sampling_kwargs(rest)
+    unknown = sorted(set(rest) - set(MODEL_KWARGS) - set(AR_SAMPLING_KWARGS))
+    if unknown:
+        raise ValueError(f"generate() got unknown keyword arguments {unknown}; expected generation config fields "
+                         f"or one of {list(MODEL_KWARGS)}")
+    if input_ids is None:
+        raise ValueError("`input_ids` is required: pass the prompt as a [batch, length] tensor")
+    check_token_ids("input_ids", input_ids, V)
+    if past_key_values is not None and not isinstance(past_key_values, BlockDiffusionCache):
+        raise TypeError("`past_key_values` must be a diffusiongemma BlockDiffusionCache (from `model.new_cache()` or "
+                        f"an earlier output), got {type(past_key_values).__name__}")
+    B, P = input_ids.shape
+    device = input_ids.device
+    cur_len = P + (past_key_values.length if past_key_values is not None else 0)
+    _, max_new_tokens = generated_length(config, cur_len, explicit)
+    num_canvases = math.ceil(max_new_tokens / L)
+    if cur_len + num_canvases * L > text.max_position_embeddings:
+        raise ValueError(
+            f"prompt ({cur_len}) + new tokens ({num_canvases} canvases of {L}) exceed max_position_embeddings "
+            f"({text.max_position_embeddings})"
+        )
+    keep = None
+    if attention_mask is not None:
+        mask = padding_vector("attention_mask", attention_mask, B, (cur_len,))
+        if not bool(mask.all()):
+            keep = torch.cat([mask, mask.new_ones(B, num_canvases * L)], dim=1)  # [B, all slots]
+    decoder_input_ids = rest.get("decoder_input_ids")
+    if decoder_input_ids is not None:
+        check_token_ids("decoder_input_ids", decoder_input_ids, V)
+        if tuple(decoder_input_ids.shape) != (B, L):
+            raise ValueError(f"`decoder_input_ids` must have shape [{B}, {L}], got {list(decoder_input_ids.shape)}")
+    sc_logits = rest.get("self_conditioning_logits")
+    if sc_logits is not None and tuple(sc_logits.shape) != (B, L, V):
+        raise ValueError(f"`self_conditioning_logits` must have shape [{B}, {L}, {V}], got {list(sc_logits.shape)}")
+    if sampling not in SAMPLERS:
+        raise ValueError(f"`sampling` must be one of {sorted(SAMPLERS)}, got {sampling!r}")
+    fast = sampling == "fast"
+    if not fast and (seed is not None or generator is not None):
+        raise ValueError("`seed` and `generator` apply to sampling='fast'; reference mode draws from the global RNG "
+                         "like the built-in class (use torch.manual_seed)")
+    if fast and B > 1 and getattr(streamer, "_takes_logits", False):
+        raise ValueError("a streamer with `_takes_logits=True` needs sampling='reference' or a batch of 1: fast mode "
+                         "skips the LM head for rows that stopped denoising, so their logits do not exist")
+    batching = resolve_batching(batching, max_batch_size, fast, B, streamer, past_key_values)
+    eos = config.eos_token_id
+    eos_ids = torch.tensor(eos if isinstance(eos, (list, tuple)) else [eos], device=device) if eos is not None else None
+    generators = row_generators(B, device, seed, generator) if fast else None
+    return GenerationRun(
+        config=config, input_ids=input_ids, attention_mask=attention_mask, keep=keep, cur_len=cur_len,
+        num_canvases=num_canvases, fast=fast, batching=batching, max_batch_size=max_batch_size,
+        generators=generators, sampler=make_sampler(sampling, config.sampler_config.entropy_bound, V, generators),
+        processors=LogitsProcessorList(logits_processor) if logits_processor else None,
+        user_criteria=StoppingCriteriaList(stopping_criteria) if stopping_criteria else None,
+        eos_ids=eos_ids, decoder_input_ids=decoder_input_ids, self_conditioning_logits=sc_logits,
+        past_key_values=past_key_values,
+    )
