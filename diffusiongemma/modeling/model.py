@@ -152,11 +152,6 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         """
         return self.model.decoder
 
-    def get_decoder(self) -> DiffusionGemmaTextStack:
-        """The one text stack (`model.model.decoder`): embeddings, layers and final norm, used for both encoding and
-        denoising. Generation and training reach the stack only through this accessor."""
-        return self.model.decoder
-
     @property
     def canvas_length(self) -> int:
         return int(self.config.canvas_length)
@@ -310,7 +305,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
             canvas = torch.randint(0, text.vocab_size, (inputs.batch, self.canvas_length), device=self.device)
         soft = None
         if self_conditioning_logits is not None:
-            soft = self.model.decoder.soft_embedding(self_conditioning_logits)  # [B, L, H]
+            soft = self.get_decoder().soft_embedding(self_conditioning_logits)  # [B, L, H]
             if self_conditioning_mask is not None:
                 soft = soft * self_conditioning_mask.to(soft.dtype)[:, None, None]
         collect = [] if output_hidden_states else None
