@@ -13,7 +13,7 @@ from .blocks import RMSNorm, ScaledEmbedding, SelfConditioning
 from .cache import BlockDiffusionCache, RecordingLayerCache, RowCache
 from .config import DiffusionGemmaTextConfig, encoder_is_causal, layer_shape
 from .layers import DiffusionGemmaLayer
-from .host import device_tensor
+from .host import device_tensor, to_device
 from .masks import PaddingSlots, build_decoder_masks, build_encoder_masks, build_row_masks
 from .rope import rope_cos_sin, rope_inv_freq
 
@@ -34,6 +34,7 @@ class DiffusionGemmaTextStack(nn.Module):
         self.layers = nn.ModuleList(DiffusionGemmaLayer(config, s) for s in self.shapes)
         self.norm = RMSNorm(H, eps)
         self.self_conditioning = SelfConditioning(H, config.intermediate_size, eps)
+        self._inv_freq: dict = {}  # (layer type, device) -> RoPE inverse frequencies [D/2] fp32, see `_rope`
         self.gradient_checkpointing = False  # set by `model.gradient_checkpointing_enable()`
         self._gradient_checkpointing_func = None
 
@@ -41,10 +42,19 @@ class DiffusionGemmaTextStack(nn.Module):
         return BlockDiffusionCache(self.shapes)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> dict:
-        """positions [B or 1, T] -> per layer type (cos, sin) [B or 1, T, D]."""
-        return {
-            t: rope_cos_sin(rope_inv_freq(s.rope, s.head_dim), positions, dtype) for t, s in self.type_shapes.items()
-        }
+        """positions [B or 1, T] -> per layer type (cos, sin) [B or 1, T, D].
+
+        The inverse frequencies are computed on the host once per device and kept there: copying them every pass
+        would be a blocking host-to-device copy (a sync) on CUDA. A plain dict, not buffers, so meta-device loading
+        leaves nothing uninitialized.
+        """
+        out = {}
+        for t, s in self.type_shapes.items():
+            key = (t, positions.device)
+            if key not in self._inv_freq:
+                self._inv_freq[key] = to_device(rope_inv_freq(s.rope, s.head_dim), positions.device)
+            out[t] = rope_cos_sin(self._inv_freq[key], positions, dtype)
+        return out
 
     def _run(self, x: torch.Tensor, ctx: PassContext, scalars: list[torch.Tensor], collect: list | None) -> torch.Tensor:
         checkpointing = self.gradient_checkpointing and torch.is_grad_enabled()
