@@ -9,7 +9,6 @@ from conftest import tiny_config, tiny_model
 from diffusiongemma.modeling.compile import compile_layers
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 0.15}  # logits of order 10 (soft cap 30)
 
 
 def model_on_cuda(attn: str, dtype: torch.dtype):
@@ -27,24 +26,18 @@ def logits(model, ids, mask, canvas):
     return torch.cat([first.logits, again.logits])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_compiled_flex_attention_matches_sdpa(dtype):
+def test_compiled_flex_attention_matches_sdpa_logits_and_tokens():
+    """fp32, so the two kernels may differ only in summation order (one compilation: it takes most of the time)."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 128, (2, 20), generator=g).cuda()  # 20 > window 8
     mask = torch.ones_like(ids)
     mask[1, :5] = 0
     canvas = torch.randint(0, 128, (2, 16), generator=g).cuda()
-    want = logits(model_on_cuda("sdpa", dtype), ids, mask, canvas)
-    flex = compile_layers(model_on_cuda("flex_attention", dtype))  # compiled: Triton's flex kernel, not the fallback
-    got = logits(flex, ids, mask, canvas)
+    sdpa = model_on_cuda("sdpa", torch.float32)
+    flex = compile_layers(model_on_cuda("flex_attention", torch.float32))  # Triton's flex kernel, not the fallback
+    want, got = logits(sdpa, ids, mask, canvas), logits(flex, ids, mask, canvas)
     assert got.dtype == torch.float32 and got.shape == want.shape
     diff = (got - want).abs().max().item()
-    assert diff <= TOLERANCE[dtype], f"flex vs sdpa logits differ by {diff}"
-
-
-def test_compiled_flex_generate_matches_sdpa_tokens_in_fp32():
-    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1)).cuda()
-    kw = dict(sampling="fast", seed=0, max_new_tokens=32, max_denoising_steps=4)
-    want = model_on_cuda("sdpa", torch.float32).generate(ids, **kw).sequences
-    got = compile_layers(model_on_cuda("flex_attention", torch.float32)).generate(ids, **kw).sequences
-    assert torch.equal(got, want)
+    assert diff <= 2e-4, f"flex vs sdpa logits differ by {diff}"
+    kw = dict(attention_mask=mask, sampling="fast", seed=0, max_new_tokens=32, max_denoising_steps=4)
+    assert torch.equal(flex.generate(ids, **kw).sequences, sdpa.generate(ids, **kw).sequences)
