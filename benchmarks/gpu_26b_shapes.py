@@ -68,7 +68,9 @@ def main() -> None:
     parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth in TB/s (H200 4.8, H100 3.35)")
     parser.add_argument("--attn", default="sdpa", choices=["sdpa", "eager", "flex_attention"])
     args = parser.parse_args()
-    device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    if not args.tiny and not torch.cuda.is_available():
+        parser.error("the 26B shapes need a CUDA GPU (~52 GB of bf16 weights); --tiny checks the script on CPU")
+    device = torch.device("cpu" if args.tiny else "cuda")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     config = DiffusionGemmaConfig(text_config=TINY_TEXT if args.tiny else REAL_TEXT, vision_config=SMALL_VISION,
                                   canvas_length=256)

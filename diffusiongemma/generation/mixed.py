@@ -10,14 +10,22 @@ commit and denoising rows share one forward (`model.run_rows`: a causal or bidir
 Rows are independent sequences: left padding is stripped, every row draws from its own generator in the same order
 as when it runs alone, so its output equals running it alone (up to float rounding between batch shapes).
 
+Host syncs: the scheduler keeps every row's bookkeeping (phase, lengths, steps) on the host and hands it to the
+forward as Python lists, so a pass reads the device once: every denoising row's stop and EOS flags in one `.tolist()`.
+User stopping criteria, when given, add one more read in a pass where some canvas ends (their results for all those
+rows at once).
+
 Legend: N rows in the request batch, n rows in the pool, T tokens in a pass, L canvas length, V vocab, H hidden.
 """
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from ..modeling.cache import RowCache
+from ..modeling.host import device_tensor, to_device
 from .sampler import temperature_at
 from .stopping import pad_after_eos
 
@@ -101,7 +109,7 @@ class MixedScheduler:
         pool = min(s.max_batch_size, len(prompts))
         # room per row: its prompt and canvases, plus padding queries of a pass as long as the longest prompt
         capacity = longest + s.num_canvases * L + max(longest, L)
-        cache = RowCache(self.model.model.decoder.shapes, pool, capacity, device)
+        cache = RowCache(self.model.get_decoder().shapes, pool, capacity, device)
         waiting = [Row(i, p, tokens=p) for i, p in enumerate(prompts)]
         waiting.reverse()  # pop() takes the first request
         active: list[Row] = []
@@ -122,31 +130,26 @@ class MixedScheduler:
 
     def _pass(self, active: list[Row], cache: RowCache) -> list[int]:
         """One shared forward over the pool, then every row's transition. Returns the slots of rows that finished."""
-        L, n = self.L, len(active)
-        device = cache.lengths.device
-        T = max(len(r.tokens) for r in active)
-        tokens = torch.zeros(n, T, dtype=torch.long, device=device)
-        for i, r in enumerate(active):
-            tokens[i, : len(r.tokens)] = r.tokens
-        q_lens = torch.tensor([len(r.tokens) for r in active], device=device)
-        encoder_rows = torch.tensor([r.phase != DENOISE for r in active], device=device)
+        L = self.L
+        tokens = pad_sequence([r.tokens for r in active], batch_first=True)  # [n, T], zero padded
+        q_lens = [len(r.tokens) for r in active]
+        encoder_rows = [r.phase != DENOISE for r in active]
         soft_slots = [i for i, r in enumerate(active) if r.phase == DENOISE and r.soft is not None]
         soft = torch.stack([active[i].soft for i in soft_slots]) if soft_slots else None
-        hidden = self.model.run_rows(
-            tokens, cache, q_lens, encoder_rows, soft, torch.tensor(soft_slots, dtype=torch.long, device=device)
-        )  # [n, T, H]
+        hidden = self.model.run_rows(tokens, cache, q_lens, encoder_rows, soft, soft_slots)  # [n, T, H]
         denoising = [i for i, r in enumerate(active) if r.phase == DENOISE]
         encoding = [r for r in active if r.phase != DENOISE]
-        leaving = self._denoise_step([active[i] for i in denoising], hidden[denoising, :L], denoising) if denoising \
-            else []
+        leaving = []
+        if denoising:
+            picked = hidden[device_tensor(denoising, torch.long, hidden.device), :L]  # [d, L, H]
+            leaving = self._denoise_step([active[i] for i in denoising], picked, denoising)
         for r in encoding:  # prefill or commit done: the next canvas starts
             self._start_canvas(r)
         return leaving
 
     def _start_canvas(self, r: Row) -> None:
         s = self.settings
-        rows = torch.tensor([r.index])
-        r.tokens = self.sampler.init_canvas(1, self.L, r.prompt.device, rows=rows)[0]  # RNG: canvas init (D.4.3)
+        r.tokens = rows_view(self.sampler, [r.index]).init_canvas(1, self.L, r.prompt.device)[0]  # RNG: canvas init
         r.soft = None
         if not r.canvases and self.first_canvas is not None:
             r.tokens = self.first_canvas[r.index]
@@ -159,7 +162,7 @@ class MixedScheduler:
 
     def _denoise_step(self, rows: list[Row], hidden: torch.Tensor, slots: list[int]) -> list[int]:
         """LM head, temperature, sampler and stopping for the denoising rows; hidden [d, L, H]."""
-        s, stack = self.settings, self.model.model.decoder
+        s, stack = self.settings, self.model.get_decoder()
         logits = self.model.head(hidden)  # [d, L, V] fp32
         if self.processors:
             for j, r in enumerate(rows):
@@ -167,36 +170,55 @@ class MixedScheduler:
                 step = torch.tensor(r.steps_remaining, dtype=torch.int32)
                 logits[j : j + 1] = self.processors(seen, logits[j : j + 1], cur_step=step)
         temperature = torch.stack([temperature_at(r.steps_remaining, s.max_steps, s.t_min, s.t_max) for r in rows])
-        logits.div_(temperature.to(logits.device)[:, None, None])
-        ids = torch.tensor([r.index for r in rows])
-        out = self.sampler.step(logits, ids, stack.embed_tokens.soft)
-        leaving = []
+        logits.div_(to_device(temperature, logits.device)[:, None, None])  # [d] fp32, computed on the host
+        out = rows_view(self.sampler, [r.index for r in rows]).step(logits, None, stack.embed_tokens.soft)
+        stop = torch.cat([r.stopper(out.argmax[j : j + 1], out.entropy[j : j + 1]) for j, r in enumerate(rows)])
+        has_eos = torch.isin(out.argmax, s.eos_ids).any(dim=-1) if s.eos_ids is not None else torch.zeros_like(stop)
+        stop_flags, eos_flags = torch.stack([stop, has_eos]).tolist()  # [2, d]: the one host read of this pass
+        ending = []  # (row, slot) whose canvas is done
         for j, (r, slot) in enumerate(zip(rows, slots)):
             r.tokens, r.argmax, r.soft = out.canvas[j], out.argmax[j], out.soft[j]
             r.passes += 1
             r.steps_remaining -= 1
-            stop = bool(r.stopper(out.argmax[j : j + 1], out.entropy[j : j + 1])[0])
-            if stop or r.steps_remaining == 0:
-                if self._finish_canvas(r):
-                    leaving.append(slot)
-        return leaving
+            if stop_flags[j] or r.steps_remaining == 0:
+                ending.append((r, slot, eos_flags[j]))
+        return self._finish_canvases(ending)
 
-    def _finish_canvas(self, r: Row) -> bool:
-        """Append the argmax canvas; True if the row's sequence is done, else it commits that canvas next pass."""
+    def _finish_canvases(self, ending: list) -> list[int]:
+        """Append each ending row's argmax canvas; a row whose sequence is not done commits that canvas next pass.
+        ending: (row, slot, canvas has EOS) triples. Returns the slots of the rows whose sequence is done."""
         s = self.settings
-        canvas = r.argmax
-        finished = len(r.canvases) + 1 >= s.num_canvases
-        if s.eos_ids is not None and bool(torch.isin(canvas, s.eos_ids).any()):
-            finished = True
-            if s.pad_token_id is not None:
+        undecided, leaving = [], []
+        for r, slot, has_eos in ending:
+            canvas = r.argmax
+            finished = len(r.canvases) + 1 >= s.num_canvases or has_eos
+            if has_eos and s.pad_token_id is not None:
                 canvas = pad_after_eos(canvas[None], s.eos_ids, s.pad_token_id)[0]
-        r.canvases.append(canvas)
-        if self.user_criteria and not finished:
-            seen = torch.cat([r.prompt, *r.canvases])[None]
-            finished = bool(self.user_criteria(seen, None, new_token_length=self.L)[0])
-        if not finished:
+            r.canvases.append(canvas)
+            if finished:
+                leaving.append(slot)
+            else:
+                undecided.append((r, slot))
+        if self.user_criteria and undecided:  # one read for all of them
+            verdicts = [self.user_criteria(torch.cat([r.prompt, *r.canvases])[None], None, new_token_length=self.L)
+                        for r, _ in undecided]
+            stops = torch.cat([v.reshape(-1)[:1].to(verdicts[0].device) for v in verdicts]).tolist()
+            leaving += [slot for (_, slot), stop in zip(undecided, stops) if stop]
+            undecided = [(r, slot) for (r, slot), stop in zip(undecided, stops) if not stop]
+        for r, _ in undecided:
             r.phase, r.tokens = COMMIT, r.argmax
-        return finished
+        return sorted(leaving)
+
+
+def rows_view(sampler, rows: list[int]):
+    """The fast sampler restricted to request rows `rows`: their generators, in that order, drawn with `rows=None`.
+
+    Equivalent to `sampler.step(..., rows=torch.tensor(rows))`, without an index tensor the sampler would read back
+    with `.tolist()`.
+    """
+    view = copy.copy(sampler)
+    view.generators = [sampler.generators[i] for i in rows]
+    return view
 
 
 def assemble(rows: list[Row], input_ids: torch.Tensor, canvas_length: int, fill: int) -> torch.Tensor:

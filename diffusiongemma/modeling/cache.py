@@ -14,6 +14,7 @@ Legend: B batch, K kv heads, C capacity (slots), D head dim, T tokens written.
 import torch
 
 from .config import LayerShape
+from .host import device_tensor
 
 
 class BlockDiffusionCache:
@@ -29,6 +30,7 @@ class BlockDiffusionCache:
         self.values: list[torch.Tensor | None] = [None] * len(shapes)
         self.length = 0  # committed slots S
         self.capacity_hint = 0
+        self.padding = None  # `PaddingSlots` of the latest padding vector a denoising pass read (masks.py)
 
     def __len__(self) -> int:
         return len(self.shapes)
@@ -124,33 +126,42 @@ class RowCache:
     Rows are slots of a pool: `active` rows [0, n) take part in the current pass, `move` compacts the pool when a row
     leaves and `reset` frees a row for the next request.
 
+    The committed lengths are host ints: the scheduler decides them, so a pass never reads them back from the device
+    (a host sync on CUDA); `begin` copies them to the device asynchronously.
+
     Args:
         shapes: the `LayerShape` of every layer.
         batch: pool size (most rows in one pass).
         capacity: slots per row, including room for padding queries (max prompt + new tokens + longest pass).
-        device: where the committed lengths live (the model's device).
+        device: where the buffers live (the model's device).
     """
 
     def __init__(self, shapes: list[LayerShape], batch: int, capacity: int, device: torch.device | str = "cpu"):
         self.shapes = list(shapes)
         self.batch, self.capacity = batch, capacity
+        self.device = torch.device(device)
         self.keys: list[torch.Tensor | None] = [None] * len(shapes)
         self.values: list[torch.Tensor | None] = [None] * len(shapes)
-        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # [B] committed slots S_b
+        self.lengths: list[int] = [0] * batch  # committed slots S_b, on the host
         self._index: torch.Tensor | None = None  # [n, 1, T, 1] write slots of the current pass
         self._end = 0
 
     def __len__(self) -> int:
         return len(self.shapes)
 
-    def begin(self, starts: torch.Tensor, num_q: int) -> int:
-        """Prepare a pass of the first n = len(starts) rows writing T = num_q slots each from starts [n]; returns
-        kv_end = max(S_b) + T, the end of the key view every layer reads."""
-        self._end = int(starts.max()) + num_q
+    def begin(self, num_rows: int, num_q: int) -> torch.Tensor:
+        """Prepare a pass of rows [0, n) writing T = num_q slots each from their committed lengths.
+
+        Returns:
+            starts: [n] long on the cache's device, S_b per row. Every layer reads keys up to max(S_b) + T.
+        """
+        starts = self.lengths[:num_rows]
+        self._end = max(starts) + num_q
         if self._end > self.capacity:
             raise ValueError(f"pass needs {self._end} slots, the cache holds {self.capacity}")
-        self._index = (starts[:, None] + torch.arange(num_q, device=starts.device))[:, None, :, None]
-        return self._end
+        starts_t = device_tensor(starts, torch.long, self.device)  # [n]
+        self._index = (starts_t[:, None] + torch.arange(num_q, device=self.device))[:, None, :, None]
+        return starts_t
 
     def write(
         self, layer: int, key: torch.Tensor, value: torch.Tensor, kv_start: int, persist: bool
@@ -167,9 +178,10 @@ class RowCache:
         values.scatter_(2, index, value)
         return keys[:, :, kv_start : self._end], values[:, :, kv_start : self._end]
 
-    def advance(self, tokens: torch.Tensor) -> None:
-        """Commit tokens [n] per row (0 for denoising rows): S_b += tokens_b for the first n rows."""
-        self.lengths[: len(tokens)] += tokens
+    def advance(self, tokens: list[int]) -> None:
+        """Commit tokens per row (0 for denoising rows): S_b += tokens[b] for the first len(tokens) rows."""
+        for b, t in enumerate(tokens):
+            self.lengths[b] += t
 
     def move(self, src: int, dst: int) -> None:
         """Row `src`'s cache becomes row `dst`'s (compaction when a row leaves the pool)."""

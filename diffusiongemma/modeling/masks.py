@@ -12,6 +12,7 @@ canvas being denoised sits in the slots right after the committed prefix.
 Legend: B batch, Q queries in this pass, KV keys attended, S committed (cached) length, W sliding window.
 """
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Callable
 
@@ -145,11 +146,44 @@ def build_encoder_masks(
     return out
 
 
+@dataclass(frozen=True)
+class PaddingSlots:
+    """Where a padding vector keep [B, slots] has padding, copied to the host once.
+
+    A denoising pass needs a mask only when its key view holds a padding slot (otherwise attention gets no mask, as in
+    the reference). Reading that from `keep` every pass would be a host sync per pass; the slots are read once per
+    padding vector (`of`) and every later pass with the same, unmodified vector asks the host copy.
+
+    Attributes:
+        keep: the padding vector itself (the mask is built from it).
+        version: `keep._version` when read (an in-place change makes the copy stale).
+        slots: sorted slots where some row is padding.
+    """
+
+    keep: torch.Tensor
+    version: int
+    slots: tuple[int, ...]
+
+    @classmethod
+    def of(cls, keep: torch.Tensor, previous: "PaddingSlots | None" = None) -> "PaddingSlots":
+        """The host copy for `keep`: `previous` when it describes the same unmodified tensor, else read now (one
+        host sync)."""
+        if previous is not None and previous.keep is keep and previous.version == keep._version:
+            return previous
+        padded = (~keep).any(dim=0).tolist()  # [slots] bool: the one host read for this padding vector
+        return cls(keep, keep._version, tuple(i for i, p in enumerate(padded) if p))
+
+    def any_in(self, start: int, end: int) -> bool:
+        """Some slot in [start, end) is padding."""
+        i = bisect_left(self.slots, start)
+        return i < len(self.slots) and self.slots[i] < end
+
+
 def build_decoder_masks(
     shapes: dict[str, LayerShape],
     cached: int,
     canvas_length: int,
-    keep: torch.Tensor | None,
+    padding: PaddingSlots | None,
     batch: int,
     device: torch.device,
     backend: str = "sdpa",
@@ -157,16 +191,17 @@ def build_decoder_masks(
     """Masks for a denoising pass: the canvas (slots [S, S+L)) attends bidirectionally to itself and to the cache.
 
     Full layers see every cached slot; sliding layers see the same last W-1 cached slots for every canvas query, with
-    no window inside the canvas (spec C.10, sdpa/eager + DynamicCache reference). `keep` [B, >= S] marks padding.
+    no window inside the canvas (spec C.10, sdpa/eager + DynamicCache reference). `padding` describes the padding
+    vector keep [B, >= S]; a layer whose key view holds no padding slot gets no mask (decided on the host).
     """
     out = {}
     for layer_type, shape in shapes.items():
         kv0 = _first_visible_slot(shape, cached)
         kv1 = cached + canvas_length
         mask = None
-        if keep is not None and not bool(keep[:, kv0:cached].all()):
+        if padding is not None and padding.any_in(kv0, cached):
             full_keep = torch.ones(batch, kv1, dtype=torch.bool, device=device)
-            full_keep[:, kv0:cached] = keep[:, kv0:cached]
+            full_keep[:, kv0:cached] = padding.keep[:, kv0:cached]
             mask = materialize(key_padding(full_keep, kv0), batch, canvas_length, kv1 - kv0, device, backend)
         out[layer_type] = LayerMask(kv0, kv1, mask)
     return out
@@ -175,6 +210,7 @@ def build_decoder_masks(
 def build_row_masks(
     shapes: dict[str, LayerShape],
     starts: torch.Tensor,
+    start_range: tuple[int, int],
     q_lens: torch.Tensor,
     encoder_rows: torch.Tensor,
     num_q: int,
@@ -190,15 +226,18 @@ def build_row_masks(
     last W-1 committed slots of each row. Queries past q_len_b (padding) see what a real query of the row would.
 
     Args:
-        starts: [B] committed slots S_b per row.
+        starts: [B] committed slots S_b per row (on the device).
+        start_range: (min S_b, max S_b) as host ints: they size the key view, and reading them from `starts` would be
+            a host sync.
         q_lens: [B] real tokens per row in this pass (<= num_q).
         encoder_rows: [B] bool, True for the causal rows.
         num_q: T, the query length of the pass (the longest row).
     """
+    first_start, last_start = start_range
     out = {}
     for layer_type, shape in shapes.items():
-        kv0 = _first_visible_slot(shape, int(starts.min()))
-        kv1 = int(starts.max()) + num_q
+        kv0 = _first_visible_slot(shape, first_start)
+        kv1 = last_start + num_q
 
         def mod(b, h, q, kv, shape=shape, kv0=kv0):
             start = starts[b]

@@ -152,6 +152,10 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         """
         return self.model.decoder
 
+    def get_decoder(self) -> DiffusionGemmaTextStack:
+        """The one text stack (`model.decoder`), shared by encoder and decoder mode."""
+        return self.model.decoder
+
     @property
     def canvas_length(self) -> int:
         return int(self.config.canvas_length)
@@ -226,13 +230,14 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         self,
         tokens: torch.Tensor,
         cache,
-        q_lens: torch.Tensor,
-        encoder_rows: torch.Tensor,
+        q_lens: list[int],
+        encoder_rows: list[bool],
         soft_embeddings: torch.Tensor | None = None,
-        soft_rows: torch.Tensor | None = None,
+        soft_rows: list[int] | None = None,
     ) -> torch.Tensor:
         """Mixed-phase pass over a `RowCache` (see `DiffusionGemmaTextStack.run_rows`): tokens [n, T] -> post-norm
-        hidden [n, T, H]; encoder rows commit, denoising rows `soft_rows` get soft_embeddings [m, L, H]."""
+        hidden [n, T, H]; encoder rows commit, denoising rows `soft_rows` get soft_embeddings [m, L, H]. The row
+        bookkeeping (q_lens, encoder_rows, soft_rows) is host lists, so the pass makes no host sync."""
         return self.get_decoder().run_rows(
             tokens, cache, q_lens, encoder_rows, self.model.encoder.layer_scalars(), soft_embeddings, soft_rows,
             canvas_length=self.canvas_length, backend=self.attention_backend,

@@ -13,7 +13,8 @@ from .blocks import RMSNorm, ScaledEmbedding, SelfConditioning
 from .cache import BlockDiffusionCache, RecordingLayerCache, RowCache
 from .config import DiffusionGemmaTextConfig, encoder_is_causal, layer_shape
 from .layers import DiffusionGemmaLayer
-from .masks import build_decoder_masks, build_encoder_masks, build_row_masks
+from .host import device_tensor, to_device
+from .masks import PaddingSlots, build_decoder_masks, build_encoder_masks, build_row_masks
 from .rope import rope_cos_sin, rope_inv_freq
 
 
@@ -33,6 +34,7 @@ class DiffusionGemmaTextStack(nn.Module):
         self.layers = nn.ModuleList(DiffusionGemmaLayer(config, s) for s in self.shapes)
         self.norm = RMSNorm(H, eps)
         self.self_conditioning = SelfConditioning(H, config.intermediate_size, eps)
+        self._inv_freq: dict = {}  # (layer type, device) -> RoPE inverse frequencies [D/2] fp32, see `_rope`
         self.gradient_checkpointing = False  # set by `model.gradient_checkpointing_enable()`
         self._gradient_checkpointing_func = None
 
@@ -40,10 +42,19 @@ class DiffusionGemmaTextStack(nn.Module):
         return BlockDiffusionCache(self.shapes)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> dict:
-        """positions [B or 1, T] -> per layer type (cos, sin) [B or 1, T, D]."""
-        return {
-            t: rope_cos_sin(rope_inv_freq(s.rope, s.head_dim), positions, dtype) for t, s in self.type_shapes.items()
-        }
+        """positions [B or 1, T] -> per layer type (cos, sin) [B or 1, T, D].
+
+        The inverse frequencies are computed on the host once per device and kept there: copying them every pass
+        would be a blocking host-to-device copy (a sync) on CUDA. A plain dict, not buffers, so meta-device loading
+        leaves nothing uninitialized.
+        """
+        out = {}
+        for t, s in self.type_shapes.items():
+            key = (t, positions.device)
+            if key not in self._inv_freq:
+                self._inv_freq[key] = to_device(rope_inv_freq(s.rope, s.head_dim), positions.device)
+            out[t] = rope_cos_sin(self._inv_freq[key], positions, dtype)
+        return out
 
     def _run(self, x: torch.Tensor, ctx: PassContext, scalars: list[torch.Tensor], collect: list | None) -> torch.Tensor:
         checkpointing = self.gradient_checkpointing and torch.is_grad_enabled()
@@ -121,7 +132,9 @@ class DiffusionGemmaTextStack(nn.Module):
 
         Args:
             soft_embeddings: self-conditioning input [B, L, H] (see `soft_embedding`), or None on the first step.
-            keep: [B, >= S] bool padding vector over the cached slots; None for no padding.
+            keep: [B, >= S] bool padding vector over the cached slots; None for no padding. Where it has padding is
+                read to the host once per vector and remembered on the cache (`PaddingSlots`), so the passes of a
+                generate call after the first make no host sync.
         Returns:
             post-norm hidden states [B, L, H].
         """
@@ -130,7 +143,10 @@ class DiffusionGemmaTextStack(nn.Module):
         if positions is None:
             positions = torch.arange(S, S + L, device=canvas.device)[None]
         x = self.self_conditioning(self.embed_tokens(canvas), soft_embeddings)  # [B, L, H]
-        masks = build_decoder_masks(self.type_shapes, S, L, keep, B, canvas.device, backend)
+        padding = None
+        if keep is not None:
+            padding = cache.padding = PaddingSlots.of(keep, getattr(cache, "padding", None))
+        masks = build_decoder_masks(self.type_shapes, S, L, padding, B, canvas.device, backend)
         ctx = PassContext(self._rope(positions, x.dtype), masks, cache, False, backend)
         scalars = [layer.layer_scalar for layer in self.layers]
         return self._run(x, ctx, scalars, collect)
@@ -139,45 +155,52 @@ class DiffusionGemmaTextStack(nn.Module):
         self,
         tokens: torch.Tensor,
         cache: RowCache,
-        q_lens: torch.Tensor,
-        encoder_rows: torch.Tensor,
+        q_lens: list[int],
+        encoder_rows: list[bool],
         encoder_scalars: list[torch.Tensor],
         soft_embeddings: torch.Tensor | None = None,
-        soft_rows: torch.Tensor | None = None,
+        soft_rows: list[int] | None = None,
         canvas_length: int = 0,
         backend: str = "sdpa",
     ) -> torch.Tensor:
         """One mixed-phase pass: every row is an encoder row (prefill or commit: causal, its tokens get committed) or
         a denoising row (bidirectional canvas with self-conditioning, reads its prefix); all share one forward.
 
+        The row bookkeeping comes from the host (the scheduler knows it), so the pass makes no host sync.
+
         Args:
             tokens: [n, T] ids per row, left-aligned; row b's first q_lens[b] are real, the rest padding.
             cache: the `RowCache`; rows [0, n) take part. Encoder rows' committed lengths advance by q_lens.
-            encoder_rows: [n] bool.
+            q_lens: n ints, real tokens per row.
+            encoder_rows: n bools.
             encoder_scalars: the encoder-mode `layer_scalar` of every layer (decoder rows use the layer's own).
-            soft_embeddings: [m, L, H] self-conditioning input of the denoising rows `soft_rows` [m] (the others are
-                on their first step and have none).
+            soft_embeddings: [m, L, H] self-conditioning input of the denoising rows `soft_rows` (m row indices; the
+                other denoising rows are on their first step and have none).
             canvas_length: L, the denoising rows' real tokens (self-conditioning applies to those).
         Returns:
             post-norm hidden states [n, T, H].
         """
         n, T = tokens.shape
-        starts = cache.lengths[:n]
+        device, L = tokens.device, canvas_length
+        soft_rows = list(soft_rows) if soft_rows is not None else []
+        first_start, last_start = min(cache.lengths[:n]), max(cache.lengths[:n])
+        starts = cache.begin(n, T)  # [n] S_b on the device
         x = self.embed_tokens(tokens)  # [n, T, H]
-        L = canvas_length
-        with_soft = soft_rows if soft_rows is not None else encoder_rows.new_zeros(0, dtype=torch.long)
-        first_step = (~encoder_rows & ~torch.isin(torch.arange(n, device=tokens.device), with_soft)).nonzero().view(-1)
-        if len(first_step):  # denoising rows without a self-conditioning input yet
-            x[first_step, :L] = self.self_conditioning(x[first_step, :L], None)
-        if len(with_soft):
-            x[with_soft, :L] = self.self_conditioning(x[with_soft, :L], soft_embeddings)
-        positions = starts[:, None] + torch.arange(T, device=tokens.device)  # [n, T]
-        masks = build_row_masks(self.type_shapes, starts, q_lens, encoder_rows, T, self.causal_encoder,
-                                tokens.device, backend)
-        cache.begin(starts, T)
+        first_step = [b for b in range(n) if not encoder_rows[b] and b not in soft_rows]
+        if first_step:  # denoising rows without a self-conditioning input yet
+            rows = device_tensor(first_step, torch.long, device)
+            x[rows, :L] = self.self_conditioning(x[rows, :L], None)
+        if soft_rows:
+            rows = device_tensor(soft_rows, torch.long, device)
+            x[rows, :L] = self.self_conditioning(x[rows, :L], soft_embeddings)
+        positions = starts[:, None] + torch.arange(T, device=device)  # [n, T]
+        encoder = device_tensor(encoder_rows, torch.bool, device)  # [n]
+        masks = build_row_masks(self.type_shapes, starts, (first_start, last_start),
+                                device_tensor(q_lens, torch.long, device), encoder, T, self.causal_encoder, device,
+                                backend)
         ctx = PassContext(self._rope(positions, x.dtype), masks, cache, False, backend)
-        pick = encoder_rows[:, None, None]
+        pick = encoder[:, None, None]
         scalars = [torch.where(pick, enc, layer.layer_scalar) for enc, layer in zip(encoder_scalars, self.layers)]
         hidden = self._run(x, ctx, scalars, None)
-        cache.advance(torch.where(encoder_rows, q_lens, 0))
+        cache.advance([q if e else 0 for q, e in zip(q_lens, encoder_rows)])
         return hidden

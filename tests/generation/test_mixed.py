@@ -6,6 +6,7 @@ import torch
 from transformers import LogitsProcessor, StoppingCriteria
 
 from conftest import tiny_model
+from sync_count import count_host_syncs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 L = 16
@@ -35,7 +36,7 @@ class PassLog:
         inner = model.run_rows
 
         def run_rows(tokens, cache, q_lens, encoder_rows, *args):
-            self.passes.append((len(tokens), int(encoder_rows.sum())))
+            self.passes.append((len(tokens), sum(encoder_rows)))
             return inner(tokens, cache, q_lens, encoder_rows, *args)
 
         monkeypatch.setattr(model, "run_rows", run_rows)
@@ -145,3 +146,44 @@ def test_bad_batching_arguments(model):
         model.generate(ids, sampling="fast", batching="mixed", past_key_values=model.new_cache(), **KW)
     with pytest.raises(ValueError, match="every token of some row"):
         model.generate(ids, attention_mask=torch.tensor([[1] * 6, [0] * 6]), sampling="fast", **KW)
+
+
+class SyncsPerPass:
+    """Counts host syncs (tests/sync_count.py) between consecutive mixed-phase passes (each `run_rows` call starts
+    one) and inside each forward."""
+
+    def __init__(self, model, monkeypatch, syncs):
+        self.marks, self.forward = [], []
+        inner = model.run_rows
+
+        def run_rows(*args):
+            self.marks.append(syncs.total)
+            hidden = inner(*args)
+            self.forward.append(syncs.total - self.marks[-1])
+            return hidden
+
+        monkeypatch.setattr(model, "run_rows", run_rows)
+
+    def per_pass(self, end: int) -> list[int]:
+        """Syncs from each pass's start to the next one's (the last one: to `end`)."""
+        return [b - a for a, b in zip(self.marks, self.marks[1:] + [end])]
+
+
+@pytest.mark.parametrize("settings", [dict(), dict(eos_token_id=7, max_batch_size=2)])
+def test_a_scheduler_pass_reads_the_device_at_most_once(model, monkeypatch, settings):
+    with count_host_syncs() as syncs:
+        counter = SyncsPerPass(model, monkeypatch, syncs)
+        model.generate(prompts(4), sampling="fast", seed=3, **dict(KW, **settings))
+        end = syncs.total
+    assert len(counter.marks) > 10
+    assert set(counter.forward) == {0}, counter.forward  # the shared forward itself never syncs
+    assert max(counter.per_pass(end)) <= 1, (counter.per_pass(end), syncs.calls)
+
+
+def test_user_criteria_add_one_read_when_a_canvas_ends(model, monkeypatch):
+    with count_host_syncs() as syncs:
+        counter = SyncsPerPass(model, monkeypatch, syncs)
+        model.generate(prompts(3), sampling="fast", seed=2, stopping_criteria=[StopAfterOneCanvas()], **KW)
+        end = syncs.total
+    per_pass = counter.per_pass(end)
+    assert max(per_pass) == 2 and per_pass.count(2) <= 3, per_pass  # at most one per row: its first canvas ends

@@ -36,11 +36,11 @@ def run(model, cache, rows):
     tokens = torch.zeros(len(rows), T, dtype=torch.long)
     for i, (_, ids, _) in enumerate(rows):
         tokens[i, : len(ids)] = ids
-    q_lens = torch.tensor([len(ids) for _, ids, _ in rows])
-    encoder_rows = torch.tensor([kind == "enc" for kind, _, _ in rows])
+    q_lens = [len(ids) for _, ids, _ in rows]
+    encoder_rows = [kind == "enc" for kind, _, _ in rows]
     soft_rows = [i for i, (kind, _, soft) in enumerate(rows) if soft is not None]
     soft = torch.stack([rows[i][2] for i in soft_rows]) if soft_rows else None
-    hidden = model.run_rows(tokens, cache, q_lens, encoder_rows, soft, torch.tensor(soft_rows, dtype=torch.long))
+    hidden = model.run_rows(tokens, cache, q_lens, encoder_rows, soft, soft_rows)
     return [hidden[i, : len(ids)] for i, (_, ids, _) in enumerate(rows)]
 
 
@@ -69,7 +69,7 @@ def test_rows_in_different_phases_match_running_alone(attn, bidirectional):
     want += [a.encode(ca), b.denoise(cb, sb), c.encode(cc)]
     got += run(model, cache, [("dec", cb, sa), ("enc", cb, None), ("dec", ca, None)])
     want += [a.denoise(cb, sa), b.encode(cb), c.denoise(ca, None)]
-    assert cache.lengths.tolist() == [5 + L, 11 + L, 3 + L]
+    assert cache.lengths == [5 + L, 11 + L, 3 + L]
     for g_, w in zip(got, want):
         torch.testing.assert_close(g_, w, atol=1e-4, rtol=1e-4)  # batching noise only: one row alone is exact
 
@@ -85,7 +85,7 @@ def test_move_and_reset_compact_the_pool():
     (got,) = run(model, cache, [("dec", canvas, None)])
     torch.testing.assert_close(got, alone.denoise(canvas, None), atol=1e-5, rtol=1e-5)
     cache.reset(0)
-    assert cache.lengths.tolist()[0] == 0
+    assert cache.lengths[0] == 0
 
 
 def test_pass_longer_than_capacity_is_refused():
