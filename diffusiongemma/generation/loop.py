@@ -14,6 +14,7 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 
 from ..modeling.compile import compile_layers
+from ..modeling.masks import PaddingSlots
 from .batching import generate_in_chunks, generate_mixed
 from .outputs import DiffusionGemmaGenerationOutput, generation_output, tokens_per_forward
 from .resolve import GenerationRun, check_ar_sampling_kwargs, generated_length, resolve_batching, resolve_run
@@ -110,6 +111,8 @@ def generate_lockstep(model, run: GenerationRun, streamer):
     embed_dtype = model.get_decoder().embed_tokens.weight.dtype
     cache = run.past_key_values if run.past_key_values is not None else model.new_cache()
     cache.reserve(run.cur_len + run.num_canvases * L)
+    if run.keep is not None:  # where the padding is: read to the host once, here, so no step has to
+        cache.padding = PaddingSlots.of(run.keep, cache.padding)
     settings = step_settings(model, run, cache, streamer)
     if streamer is not None:
         streamer.put(input_ids.cpu())

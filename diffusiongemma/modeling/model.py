@@ -152,10 +152,6 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         """
         return self.model.decoder
 
-    def get_decoder(self) -> DiffusionGemmaTextStack:
-        """The one text stack (`model.decoder`), shared by encoder and decoder mode."""
-        return self.model.decoder
-
     @property
     def canvas_length(self) -> int:
         return int(self.config.canvas_length)

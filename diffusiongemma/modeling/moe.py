@@ -105,17 +105,20 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Te
 
 
 def can_use_grouped_mm(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """One grouped GEMM for all experts: CUDA sm80+, or CPU (torch >= 2.9 has a kernel) with 16-byte aligned rows.
+    """One grouped GEMM for all experts: CUDA sm80+ or CPU (torch >= 2.9 has a kernel), with 16-byte aligned rows.
 
     transformers' built-in experts take this path by default on the same devices; matching it keeps reference-mode
-    sampling bit-exact.
+    sampling bit-exact. The kernel refuses rows (H or I values) that are not a multiple of 16 bytes ("strides should
+    be multiple of 16 bytes"); there the built-in needs `experts_implementation="eager"`, whose arithmetic
+    `per_expert_ffn` reproduces.
     """
     if _grouped_mm_fn() is None:
         return False
+    if not all(n * x.element_size() % 16 == 0 for n in (weight.shape[-1], weight.shape[-2] // 2)):
+        return False
     if weight.is_cuda:
         return torch.cuda.get_device_properties(weight.device).major >= 8  # sm80+; torch.compile folds this call
-    aligned = all(n * x.element_size() % 16 == 0 for n in (weight.shape[-1], weight.shape[-2] // 2))
-    return weight.device.type == "cpu" and aligned
+    return weight.device.type == "cpu"
 
 
 def expert_offsets(top_i: torch.Tensor, order: torch.Tensor, num_experts: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import tiny_builtin, tiny_config
-from diffusiongemma.modeling.moe import Experts, can_use_grouped_mm, combine, looped_expert_ffn, sorted_dispatch
+from diffusiongemma.modeling.moe import Experts, can_use_grouped_mm, per_expert_ffn
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 # (hidden H, expert width I): aligned rows; bf16 rows of 36 * 2 = 72 and 20 * 2 = 40 bytes (not multiples of 16)
@@ -34,9 +34,7 @@ def routing(H: int, dtype: torch.dtype):
 
 def looped(experts: Experts, x, top_w, top_i):
     """The per-expert fallback path on the same routing."""
-    order, tokens, counts = sorted_dispatch(top_i, E)
-    y = looped_expert_ffn(x[tokens], counts, experts.expert_weights)
-    return combine(y * top_w.reshape(-1)[order, None], order, top_i).to(x.dtype)
+    return per_expert_ffn(x, top_w, top_i, experts.gate_up_proj, experts.down_proj)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])

@@ -20,12 +20,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 B, P = 3, 6
 KW = dict(sampling="fast", batching="lockstep", seed=[1, 2, 3], max_new_tokens=64, max_denoising_steps=6,
           eos_token_id=7, pad_token_id=0)
-# Syncs per step inside the decoder with a left-padded batch: modeling/masks.py `build_decoder_masks` checks
-# `bool(keep[:, kv0:cached].all())` once per layer type (sliding, full). Removing them belongs to the modeling code
-# (issue 17, part 4); when that lands this becomes 0.
-DECODER_SYNCS_WITH_PADDING = 2
-
-
 @dataclass
 class StepSyncs:
     generation: list = field(default_factory=list)  # per step call: syncs outside the decoder
@@ -89,7 +83,7 @@ def test_fast_lockstep_step_with_left_padding(model, step_syncs):
     steps = len(step_syncs.generation)
     assert steps > 0
     assert step_syncs.generation == [0] * steps  # the generation code never syncs
-    assert step_syncs.decoder == [DECODER_SYNCS_WITH_PADDING] * steps  # see DECODER_SYNCS_WITH_PADDING
+    assert step_syncs.decoder == [0] * steps  # the padding's slots were read before the first step
 
 
 def test_outer_loop_reads_one_flag_vector_per_step_and_per_canvas(model, monkeypatch):

@@ -61,8 +61,8 @@ def test_encode_denoise_head_passes_make_no_host_sync(attn, padded):
 
 @torch.no_grad()
 def test_generate_passes_make_no_host_sync(monkeypatch):
-    """Every encode/denoise/head call inside generate (reference and fast lock-step, padded): no sync, except the
-    one read of the padding vector."""
+    """Every encode/denoise/head call inside generate (reference and fast lock-step, padded): no sync. generate
+    reads where the padding is once, before the first step."""
     model = model_for("sdpa")
     ids = torch.randint(3, 128, (B, P), generator=torch.Generator().manual_seed(1))
     mask = padding(B, P, [3, 0]).long()
@@ -83,8 +83,7 @@ def test_generate_passes_make_no_host_sync(monkeypatch):
     model.generate(ids, sampling="fast", seed=0, batching="lockstep", **kw)
     assert len(counts["denoise"]) >= 8 and len(counts["encode"]) >= 4
     assert set(counts["encode"]) == {0} and set(counts["head"]) == {0}
-    assert sum(counts["denoise"]) == 2, counts["denoise"]  # one read of the padding per generate call
-    assert counts["denoise"][0] == 1
+    assert set(counts["denoise"]) == {0}, counts["denoise"]
 
 
 def test_padding_slots_are_read_once_and_reread_after_an_in_place_change():
