@@ -2,10 +2,10 @@
 
 A seeded generator draws each config: hidden sizes and head dims that are not multiples of 16, 2-9 experts with
 top-k 1-4, odd expert and dense intermediate sizes, windows shorter than the canvas and the prompt, random layer
-types with several full layers, canvas lengths 8-40, soft caps from 2 to 100, encoder mode causal or "all". For each one
-both classes load the same folder, and we demand bit-identical forward logits (plain, left-padded with and without
-a decoder padding mask, self-conditioned) and identical same-seed `generate` tokens (batch 1 and a left-padded
-batch).
+types with several full layers, canvas lengths 8-40, soft caps from 2 to 100, encoder mode causal or "all". For
+each one both classes load the same folder, and we demand bit-identical forward logits (plain, left-padded with and
+without a decoder padding mask, self-conditioned) and identical same-seed `generate` tokens (batch 1 and a
+left-padded batch). The configs live in random_configs.py; test_bf16_parity.py runs some of them in bfloat16.
 
 Where the built-in's default grouped experts cannot run (an expert row whose byte size is not a multiple of 16:
 CPU grouped_mm refuses it), the reference is the built-in loaded with `experts_implementation="eager"`, which is
@@ -22,81 +22,23 @@ config's seed: `DG_SWEEP_ONLY=<seed>` reruns just that config.
 """
 
 import os
-import random
 
 import pytest
 import torch
 
-from conftest import VISION, pair
-
-from transformers import DiffusionGemmaConfig
-from transformers import DiffusionGemmaForBlockDiffusion as BuiltinModel
+from conftest import pair
+from random_configs import builtin_reference, random_config
 
 COUNT = int(os.environ.get("DG_SWEEP_CONFIGS", "30"))
 BASE = int(os.environ.get("DG_SWEEP_SEED", "20261201"))
 SEEDS = [int(os.environ["DG_SWEEP_ONLY"])] if "DG_SWEEP_ONLY" in os.environ else [BASE + i for i in range(COUNT)]
 
 
-def random_config(seed: int) -> tuple[DiffusionGemmaConfig, dict]:
-    """One irregular tiny config, and the prompt/canvas sizes to test it with."""
-    r = random.Random(seed)
-    heads = r.choice([2, 3, 4, 6])
-    kv_heads = r.choice([d for d in (1, 2, 3, heads) if heads % d == 0])
-    layers = r.randint(2, 9)
-    layer_types = [r.choice(["sliding_attention", "full_attention", "sliding_attention"]) for _ in range(layers)]
-    layer_types[-1] = "full_attention"  # the architecture requires it
-    if layers >= 4 and layer_types.count("full_attention") < 2:
-        layer_types[r.randrange(layers - 1)] = "full_attention"
-    experts = r.randint(2, 9)
-    text = dict(
-        vocab_size=r.randint(40, 160),
-        hidden_size=4 * r.randint(5, 20),  # 20..80: multiples of 4 (fp32 rows of 16 bytes), mostly not of 16
-        intermediate_size=r.randint(9, 97),
-        num_hidden_layers=layers,
-        layer_types=layer_types,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=r.choice([4, 8, 12, 20, 24]),
-        global_head_dim=r.choice([8, 12, 20, 28]),
-        num_global_key_value_heads=r.choice([None, 1, kv_heads]),
-        num_experts=experts,
-        top_k_experts=r.randint(1, min(4, experts)),
-        moe_intermediate_size=r.choice([r.randint(3, 41), 4 * r.randint(2, 10)]),  # odd ones included
-        sliding_window=r.randint(3, 12),
-        max_position_embeddings=512,
-        final_logit_softcapping=r.choice([30.0, 7.5, 2.0, 100.0]),  # see the module docstring for "off"
-        use_bidirectional_attention=r.choice([None, None, "all"]),
-    )
-    canvas = r.randint(8, 40)
-    sizes = dict(prompt=r.randint(3, 30), pad=r.randint(1, 6), canvas=canvas, seed=seed)
-    return DiffusionGemmaConfig(text_config=text, vision_config=dict(VISION), canvas_length=canvas), sizes
-
-
-def grouped_experts_can_run(config: DiffusionGemmaConfig) -> bool:
-    """The built-in's CPU grouped_mm needs every expert row (H and I fp32 values) to span a multiple of 16 bytes."""
-    text = config.text_config
-    return text.hidden_size % 4 == 0 and text.moe_intermediate_size % 4 == 0
-
-
-def drop_duplicate_is_causal(builtin: BuiltinModel) -> None:
-    """Let the built-in's encoder attention run in "all" mode (see the module docstring)."""
-    for module in builtin.modules():
-        if type(module).__name__ == "DiffusionGemmaEncoderTextAttention":
-            def forward(*args, _forward=module.forward, _module=module, **kwargs):
-                assert kwargs.pop("is_causal", _module.is_causal) == _module.is_causal
-                return _forward(*args, **kwargs)
-
-            module.forward = forward
-
-
 @pytest.fixture(scope="module", params=SEEDS, ids=lambda s: f"seed{s}")
 def case(request, tmp_path_factory):
     config, sizes = random_config(request.param)
     builtin, ours = pair(tmp_path_factory.mktemp(f"sweep{request.param}"), config, seed=request.param % 1000)
-    if not grouped_experts_can_run(config):
-        builtin = BuiltinModel.from_pretrained(builtin.name_or_path, experts_implementation="eager").eval()
-    if config.text_config.use_bidirectional_attention == "all":
-        drop_duplicate_is_causal(builtin)
+    builtin = builtin_reference(builtin, config)
     return builtin, ours, sizes
 
 
