@@ -12,6 +12,7 @@ Every parameter and persistent buffer must come from the checkpoint with the rig
 raises `QuantizedCheckpointError` naming the keys (never a silent zero or random fill).
 """
 
+import copy
 import json
 import os
 import re
@@ -248,8 +249,8 @@ def load_compressed_tensors_checkpoint(
             f"{type(quantization_config).__name__} on top of it is not supported. Quantize the bf16 checkpoint "
             "instead, or drop the argument."
         )
-    if config is None:
-        config = cls.config_class.from_pretrained(path)
+    # the user's config stays unchanged: we set attn_implementation on it and building the model records more
+    config = cls.config_class.from_pretrained(path) if config is None else copy.deepcopy(config)
     raw = getattr(config, "quantization_config", None) or read_quantization_config(path)
     if not isinstance(raw, dict):
         raw = raw.to_dict()
