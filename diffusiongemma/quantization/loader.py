@@ -224,7 +224,7 @@ def load_compressed_tensors_checkpoint(
         offload_folder: where disk-mapped weights go.
         strict: False tolerates unexpected checkpoint tensors (missing or mis-shaped ones always raise).
         output_loading_info: also return {"missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"}.
-        attn_implementation: "sdpa" (default) or "eager".
+        attn_implementation: "sdpa" (default), "eager" or "flex_attention"; anything else is a ValueError.
         config: a config to use instead of path's config.json.
         fp8_kernel: FP8 matmul: "auto" (torch._scaled_mm on CUDA GPUs with FP8 tensor cores, else dequantize +
             matmul), "scaled_mm" (native only: raises at load time where the hardware lacks FP8) or "dequant".
