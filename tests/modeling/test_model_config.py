@@ -1,4 +1,4 @@
-"""diffusiongemma/modeling/config.py: per-layer geometry read off transformers' DiffusionGemmaTextConfig."""
+"""diffusiongemma/modeling/config.py (named apart from tests/generation/test_config.py: pytest needs unique basenames)."""
 
 import pytest
 
