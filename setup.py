@@ -10,13 +10,16 @@ setup(
     packages=find_packages(include=["diffusiongemma", "diffusiongemma.*"]),
     package_data={"diffusiongemma": ["sudoku/demo_model/*"]},
     include_package_data=True,
+    # Every third-party import of the package, with the versions we test (see README, "Install").
     install_requires=[
-        "torch>=2.6",
+        "torch>=2.11,<2.14",  # CPU CI: 2.13.0; GPU image: 2.11. grouped_mm on CPU needs 2.9+.
         "transformers>=5.23.0,<5.24",
         "accelerate>=1.10",
-        "safetensors>=0.5",
+        "safetensors>=0.8",
         "compressed-tensors>=0.20.1,<0.21",
-        "tokenizers>=0.22",
+        "tokenizers>=0.23.1,<0.24",
+        "huggingface_hub>=1.31,<3",
+        "tqdm>=4.60",
     ],
     extras_require={
         "test": ["pytest>=8", "bitsandbytes>=0.49"],

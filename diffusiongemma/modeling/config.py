@@ -41,6 +41,10 @@ class LayerShape:
 def layer_shape(text_config: DiffusionGemmaTextConfig, layer_idx: int) -> LayerShape:
     """Resolve the attention geometry of layer `layer_idx` from a (heterogeneous) text config."""
     layer_type = text_config.layer_types[layer_idx]
+    if layer_type not in (FULL, SLIDING):
+        raise ValueError(
+            f"`layer_types[{layer_idx}]` must be {FULL!r} or {SLIDING!r} for DiffusionGemma, got {layer_type!r}"
+        )
     view = text_config.per_layer_config[layer_idx]
     sliding = layer_type == SLIDING
     return LayerShape(

@@ -23,7 +23,7 @@ from .cache import BlockDiffusionCache
 from .config import DiffusionGemmaConfig
 from .moe import Experts, Router
 from .stack import DiffusionGemmaTextStack
-from .validation import check_forward_inputs
+from .validation import attention_backend_for, check_experts_implementation, check_forward_inputs
 from .weights import checkpoint_keys, key_mapping_for, loading_problems
 from ..generation.config import DiffusionGemmaGenerationConfig
 
@@ -107,6 +107,16 @@ class DiffusionGemmaPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = False
 
+    def _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs) -> str:
+        """transformers' check (at construction, `from_pretrained` and `set_attn_implementation`), preceded by ours:
+        an implementation our attention cannot run is a ValueError here, not a silent fallback at forward."""
+        attention_backend_for(attn_implementation)
+        return super()._check_and_adjust_attn_implementation(attn_implementation, *args, **kwargs)
+
+    def _check_and_adjust_experts_implementation(self, experts_implementation, *args, **kwargs) -> str:
+        check_experts_implementation(experts_implementation)
+        return super()._check_and_adjust_experts_implementation(experts_implementation, *args, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -170,8 +180,8 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
 
     @property
     def attention_backend(self) -> str:
-        backend = getattr(self.config, "_attn_implementation", None) or "sdpa"
-        return {"eager": "eager", "flex_attention": "flex"}.get(backend, "sdpa")
+        """Our backend ("eager", "sdpa" or "flex") for `config._attn_implementation`; anything else is a ValueError."""
+        return attention_backend_for(getattr(self.config, "_attn_implementation", None))
 
     def new_cache(self) -> BlockDiffusionCache:
         """An empty KV cache for `forward(..., past_key_values=...)` or `generate`."""

@@ -121,3 +121,34 @@ def check_forward_inputs(
         if not isinstance(self_conditioning_mask, torch.Tensor) or tuple(self_conditioning_mask.shape) != (batch,):
             raise ValueError(f"`self_conditioning_mask` must be a bool tensor of shape [{batch}]")
     return CheckedInputs(batch, encoder_keep, decoder_keep)
+
+
+# transformers' `attn_implementation` names -> the backends of modeling/attention.py (None: transformers' default)
+ATTN_IMPLEMENTATIONS = {"eager": "eager", "sdpa": "sdpa", "flex_attention": "flex"}
+
+
+def attention_backend_for(attn_implementation: str | None) -> str:
+    """The attention backend ("eager", "sdpa" or "flex") that runs `attn_implementation`; None means "sdpa".
+
+    Raises:
+        ValueError: for any other value (flash attention, "paged|...", hub kernels), which our attention cannot run.
+    """
+    if attn_implementation is None:
+        return "sdpa"
+    if not isinstance(attn_implementation, str) or attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"`attn_implementation` must be one of {sorted(ATTN_IMPLEMENTATIONS)} (or None for 'sdpa') for "
+            f"DiffusionGemmaForBlockDiffusion, got {attn_implementation!r}"
+        )
+    return ATTN_IMPLEMENTATIONS[attn_implementation]
+
+
+def check_experts_implementation(experts_implementation: str | None) -> None:
+    """Our experts run one implementation of their own (modeling/moe.py), so transformers' `experts_implementation`
+    choices ("grouped_mm", "batched_mm", ...) would be ignored: only None and "eager" (what transformers records when
+    nothing was asked) are accepted."""
+    if experts_implementation not in (None, "eager"):
+        raise ValueError(
+            "`experts_implementation` cannot be chosen for DiffusionGemmaForBlockDiffusion: its experts always run "
+            f"diffusiongemma's own grouped matmul (modeling/moe.py); got {experts_implementation!r}. Leave it unset."
+        )

@@ -13,17 +13,22 @@ in_features to be a multiple of the block size (64). CUDA is needed for the fast
 (LLM.int8 threshold) decomposition at speed.
 """
 
+import copy
+
 from transformers import BitsAndBytesConfig
 
 DEFAULT_SKIP_MODULES = ["lm_head", r".*\.router", r".*\.self_conditioning", r".*\.vision_tower", r".*\.embed_vision"]
 
 
 def with_diffusiongemma_defaults(config: BitsAndBytesConfig) -> BitsAndBytesConfig:
-    """`config` with `llm_int8_skip_modules` set to `DEFAULT_SKIP_MODULES` when the user gave none.
+    """A copy of `config` with `llm_int8_skip_modules` set to `DEFAULT_SKIP_MODULES` when the user gave none (the
+    user's object is never changed, so it can be reused for another model).
 
     transformers matches each entry as a regex from the start of a module name up to a module boundary, or as a
     suffix (for 8-bit and 4-bit alike).
     """
-    if getattr(config, "llm_int8_skip_modules", None) is None:
-        config.llm_int8_skip_modules = list(DEFAULT_SKIP_MODULES)
+    if getattr(config, "llm_int8_skip_modules", None) is not None:
+        return config
+    config = copy.deepcopy(config)
+    config.llm_int8_skip_modules = list(DEFAULT_SKIP_MODULES)
     return config

@@ -12,6 +12,7 @@ Every parameter and persistent buffer must come from the checkpoint with the rig
 raises `QuantizedCheckpointError` naming the keys (never a silent zero or random fill).
 """
 
+import copy
 import json
 import os
 import re
@@ -202,7 +203,7 @@ def load_compressed_tensors_checkpoint(
         offload_folder: where disk-mapped weights go.
         strict: False tolerates unexpected checkpoint tensors (missing or mis-shaped ones always raise).
         output_loading_info: also return {"missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"}.
-        attn_implementation: "sdpa" (default) or "eager".
+        attn_implementation: "sdpa" (default), "eager" or "flex_attention"; anything else is a ValueError.
         config: a config to use instead of path's config.json.
         fp8_kernel: FP8 matmul: "auto" (torch._scaled_mm on CUDA GPUs with FP8 tensor cores, else dequantize +
             matmul), "scaled_mm" (native only: raises at load time where the hardware lacks FP8) or "dequant".
@@ -227,8 +228,8 @@ def load_compressed_tensors_checkpoint(
             f"{type(quantization_config).__name__} on top of it is not supported. Quantize the bf16 checkpoint "
             "instead, or drop the argument."
         )
-    if config is None:
-        config = cls.config_class.from_pretrained(path)
+    # the user's config stays unchanged: we set attn_implementation on it and building the model records more
+    config = cls.config_class.from_pretrained(path) if config is None else copy.deepcopy(config)
     raw = getattr(config, "quantization_config", None) or read_quantization_config(path)
     if not isinstance(raw, dict):
         raw = raw.to_dict()

@@ -7,6 +7,8 @@ layers are never split (`_no_split_modules`); layer scalars are buffers, which a
 device by default.
 """
 
+import copy
+
 import torch
 from accelerate import infer_auto_device_map, init_empty_weights
 from accelerate.utils import get_balanced_memory
@@ -64,7 +66,9 @@ def pinned_device_map(model: nn.Module, device_map: str, max_memory: dict | None
 
 
 def device_map_for_checkpoint(cls, config, device_map: str, max_memory: dict | None, dtype) -> dict:
-    """`pinned_device_map` for a model of class `cls` built from `config` on the meta device."""
+    """`pinned_device_map` for a model of class `cls` built from `config` on the meta device (`config` unchanged:
+    building a model records its attention, experts and dtype choices on the config it is given)."""
+    config = copy.deepcopy(config)
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
     if dtype in (None, "auto"):
