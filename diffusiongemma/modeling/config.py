@@ -12,6 +12,7 @@ from transformers.models.diffusion_gemma.configuration_diffusion_gemma import Di
 
 __all__ = ["DiffusionGemmaConfig", "DiffusionGemmaTextConfig", "LayerShape", "layer_shape"]
 
+FULL = "full_attention"
 SLIDING = "sliding_attention"
 
 
