@@ -17,8 +17,10 @@ CONFIGS = {
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def models(request, tmp_path_factory):
-    builtin, ours = pair(tmp_path_factory.mktemp(request.param), tiny_config(**CONFIGS[request.param]))
-    return builtin.to("cuda", torch.bfloat16), ours.to("cuda", torch.bfloat16)
+    # loaded in bf16 (not cast afterwards: `.to(bfloat16)` would also cast the built-in's RoPE inverse frequencies)
+    builtin, ours = pair(tmp_path_factory.mktemp(request.param), tiny_config(**CONFIGS[request.param]),
+                         dtype=torch.bfloat16)
+    return builtin.to("cuda"), ours.to("cuda")
 
 
 def inputs(batch: int, length: int, seed: int, pad: list[int] | None = None):

@@ -27,3 +27,18 @@ def test_get_decoder_runs_both_modes_of_forward():
         stack.encode(stack.embed_tokens(ids), cache, model.model.encoder.layer_scalars(), backend="sdpa")
         logits = model.head(stack.denoise(canvas, cache, backend="sdpa"))
     assert torch.equal(logits, expected)
+
+
+def test_without_a_soft_cap_the_logits_are_the_plain_lm_head():
+    """`final_logit_softcapping=None` (the built-in cannot run it: it divides by None) leaves the LM head as is."""
+    from conftest import tiny_config
+
+    model = tiny_model(tiny_config(final_logit_softcapping=None))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(500)  # logits far beyond a usual cap of 30
+    ids, canvas = torch.randint(3, 128, (1, 7)), torch.randint(0, 128, (1, 16))
+    with torch.no_grad():
+        out = model(input_ids=ids, decoder_input_ids=canvas, output_hidden_states=True)
+        plain = model.lm_head(model.get_decoder().norm(out.hidden_states[-1])).float()
+    assert out.logits.abs().max() > 30  # beyond any cap the checkpoint would use: nothing was squashed
+    assert torch.equal(out.logits, plain)
