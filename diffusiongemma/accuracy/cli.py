@@ -25,6 +25,7 @@ def _load(args):
 
     dtype = _dtype(args.dtype)
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.model, dtype=dtype).to(args.device).eval()
+    model.get_decoder().decoder_window = args.decoder_window  # a semantics switch; "reference" by default
     return model, AutoTokenizer.from_pretrained(args.model)
 
 
@@ -40,6 +41,9 @@ def _model_args(p) -> None:
     p.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors, tokenizer files)")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 or auto")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--decoder-window", choices=["reference", "symmetric"], default="reference",
+                   help="semantics switch: sliding layers of a denoising pass see the reference's last W-1 cached "
+                        "tokens (default), or |q - k| <= W-1 like flash-attention / vLLM (spec C.10, E)")
 
 
 def add_accuracy_commands(subparsers) -> None:
@@ -56,7 +60,9 @@ def add_accuracy_commands(subparsers) -> None:
     p.add_argument("--top-k", type=_positive_int, default=8, help="top-k tokens kept per position (default 8)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=None, help="new tokens (whole canvases)")
     p.add_argument("--steps", type=_positive_int, default=None, help="max denoising steps per canvas")
-    p.add_argument("--sampling", choices=["reference", "fast"], default="reference", help="sampling mode")
+    p.add_argument("--sampling", choices=["reference", "fast", "gumbel"], default="reference",
+                   help="reference (default), fast (lock-step, per-row seeds) or gumbel (semantics switch: reference "
+                        "with vLLM's Gumbel-max draw)")
     p.set_defaults(func=run_trace)
 
     p = subparsers.add_parser("compare", help="replay a trace teacher-forced through the model; exit 0 within the "

@@ -62,7 +62,8 @@ def run_manifest(model, run) -> dict:
         "dtype": str(model.get_decoder().embed_tokens.weight.dtype).removeprefix("torch."),
         "device": str(run.input_ids.device),
         "attention_backend": model.attention_backend,
-        "sampling": "fast" if run.fast else "reference",
+        "sampling": "fast" if run.fast else type(run.sampler).__name__.removesuffix("Sampler").lower(),
+        "decoder_window": model.get_decoder().decoder_window,
         "batching": run.batching,
         # reference mode draws from the global RNG: the seed it was last seeded with (torch.manual_seed)
         "seed": None if run.fast else torch.initial_seed(),

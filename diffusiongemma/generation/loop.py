@@ -198,7 +198,8 @@ def generate(
             "fast" draws from the same distributions with far less work and one generator per row, and skips the LM
             head and sampler for rows that stopped denoising, so a row's output does not depend on the rest of the
             batch (with lock-step batching only for rows of equal prompt length: left padding shifts positions, spec
-            C.10; mixed batching strips the padding).
+            C.10; mixed batching strips the padding). "gumbel" is reference mode with vLLM's Gumbel-max draw instead
+            of the multinomial (a semantics switch, docs/reference-accuracy.md).
         seed: fast mode only: an int (row b uses seed + b) or one int per row.
         generator: fast mode only: a `torch.Generator` (per-row seeds are drawn from it) or one per row.
         batching: fast mode only. "mixed" (the default for fast mode with more than one row): rows progress
