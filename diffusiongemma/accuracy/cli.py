@@ -58,6 +58,9 @@ def add_accuracy_commands(subparsers) -> None:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--top-k", type=_positive_int, default=8, help="top-k tokens kept per position (default 8)")
+    p.add_argument("--sc-embedding", action="store_true",
+                   help="also keep the exact self-conditioning input [B, L, H] per step (4*H bytes a position), so "
+                        "the replay needs no top-k approximation")
     p.add_argument("--max-new-tokens", type=_positive_int, default=None, help="new tokens (whole canvases)")
     p.add_argument("--steps", type=_positive_int, default=None, help="max denoising steps per canvas")
     p.add_argument("--sampling", choices=["reference", "fast", "gumbel"], default="reference",
@@ -107,7 +110,8 @@ def run_trace(args) -> int:
     else:
         torch.manual_seed(args.seed)
     out = model.generate(enc["input_ids"].to(args.device), attention_mask=enc["attention_mask"].to(args.device),
-                         return_trace=True, trace_top_k=args.top_k, **overrides)
+                         return_trace=True, trace_top_k=args.top_k, trace_sc_embedding=args.sc_embedding,
+                         **overrides)
     trace = out.trace
     trace.manifest["prompts"] = prompts
     trace.manifest["seed_argument"] = args.seed

@@ -36,6 +36,7 @@ STEP_TENSORS = {
     "accepted": (torch.bool, "RBL"),
     "stopped": (torch.bool, "RB"),
 }
+OPTIONAL_STEP_TENSORS = {"sc_embedding": (torch.float32, "RBLH")}  # exact self-conditioning input
 BASE_TENSORS = {"sequences": (torch.int32, "BT"), "attention_mask": (torch.bool, "BP")}
 REQUIRED_MANIFEST = ("format", "version", "prompt_length", "canvas_length")
 
@@ -167,6 +168,9 @@ def validate(trace: Trace) -> None:
     sizes["L"] = m["canvas_length"]
     for name, (dtype, template) in STEP_TENSORS.items():
         _check_tensor(name, t[name], dtype, template, sizes)
+    for name, (dtype, template) in OPTIONAL_STEP_TENSORS.items():
+        if name in t:
+            _check_tensor(name, t[name], dtype, template, sizes)
     vocab = m.get("vocab_size")
     canvases = new // m["canvas_length"]
     ci = t["canvas_index"]

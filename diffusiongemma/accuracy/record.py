@@ -69,6 +69,7 @@ def run_manifest(model, run) -> dict:
         "seed": None if run.fast else torch.initial_seed(),
         "row_seeds": [g.initial_seed() for g in generators] if generators is not None else None,
         "top_k": run.trace_top_k,
+        "sc_embedding": run.trace_sc_embedding,
         "generation_config": settings,
         "logits_processors": [type(p).__name__ for p in run.processors] if run.processors else [],
         "seeded_first_canvas": run.decoder_input_ids is not None,
@@ -84,6 +85,7 @@ class TraceRecorder:
         self.run = run
         self.k = min(run.trace_top_k, model.config.text_config.vocab_size)
         self.bound = run.config.sampler_config.entropy_bound
+        self.hidden = model.config.text_config.hidden_size
         self.manifest = run_manifest(model, run)
         self.records: dict[str, list[torch.Tensor]] = {}
         self.canvas = self.step = 0
@@ -114,6 +116,9 @@ class TraceRecorder:
             ids = torch.zeros(B, L, self.k, dtype=ids.dtype, device=ids.device).index_copy(0, index, ids)
             logprobs = torch.zeros(B, L, self.k, device=ids.device).index_copy(0, index, logprobs)
         active = ~(before.finished_denoising | before.finished_sequences)  # [B] rows whose result counts
+        if self.run.trace_sc_embedding:  # the decoder's exact self-conditioning input (zeros: none)
+            soft = before.soft if before.soft is not None else before.canvas.new_zeros(B, L, self.hidden)
+            self._add(sc_embedding=soft.float()[None])
         self._add(
             canvas_index=torch.tensor([self.canvas], dtype=torch.int32),
             step_index=torch.tensor([self.step], dtype=torch.int32),

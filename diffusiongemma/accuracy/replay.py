@@ -78,6 +78,24 @@ def coarse_kl(rec_logprobs: torch.Tensor, our_logprobs: torch.Tensor, vocab_size
     return kl.clamp(min=0)
 
 
+def self_conditioning_input(stack, t: dict, r: int) -> torch.Tensor | None:
+    """The decoder's self-conditioning input [B, L, H] at record r: the recorded `sc_embedding` when the trace has
+    it (exact), else rebuilt from the top-k (`soft_from_top_k`); None when no row has one."""
+    present = t["sc_present"][r]  # [B]
+    if not bool(present.any()):
+        return None
+    weight = stack.embed_tokens.weight
+    if "sc_embedding" in t:
+        soft = t["sc_embedding"][r]  # [B, L, H]
+        if soft.shape[-1] != weight.shape[1]:
+            from .format import TraceFormatError
+
+            raise TraceFormatError(f"tensor `sc_embedding` has H = {soft.shape[-1]}, the model's hidden size is "
+                                   f"{weight.shape[1]}")
+        return soft.to(weight.dtype) * present.to(weight.dtype)[:, None, None]
+    return soft_from_top_k(stack, t["sc_ids"][r], t["sc_logprobs"][r], present)
+
+
 def generation_setting(trace: Trace, model, name: str):
     """A generation setting from the trace's manifest, else the model's generation config."""
     settings = trace.manifest.get("generation_config") or {}
@@ -148,9 +166,7 @@ def replay_full(model, trace: Trace) -> list[StepScore]:
         cache = prefix.ready_for(c)
         stopper.reset(t["sequences"].shape[0])
         for r in records:
-            present = t["sc_present"][r]
-            soft = (soft_from_top_k(stack, t["sc_ids"][r], t["sc_logprobs"][r], present) if bool(present.any())
-                    else None)
+            soft = self_conditioning_input(stack, t, r)
             ours = step_logprobs(model, t["input_canvas"][r].long(), cache, soft, prefix.keep,
                                  float(t["temperature"][r]))  # [B, L, V]
             scores.append(score_step(trace, t, r, c, ours, bound, stopper))

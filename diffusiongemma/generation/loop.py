@@ -181,6 +181,7 @@ def generate(
     compile: bool | dict = False,
     return_trace: bool = False,
     trace_top_k: int = 8,
+    trace_sc_embedding: bool = False,
     **kwargs,
 ):
     """Generate whole canvases by block-autoregressive denoising.
@@ -216,6 +217,8 @@ def generate(
             canvas, self-conditioning top-k, argmax, entropy, accepted mask, temperature, stop decision, committed
             tokens; see docs/trace-format.md). Lock-step batching only; implies a dict output. Off: no cost.
         trace_top_k: how many of the most likely tokens a trace keeps per position (default 8).
+        trace_sc_embedding: the trace also keeps each step's exact self-conditioning input [B, L, H] (4*H bytes
+            per position), so a replay needs no top-k approximation.
         **kwargs: generation config fields (max_new_tokens, max_denoising_steps, t_min, ...) override the config;
             `decoder_input_ids` [B, L] and `self_conditioning_logits` [B, L, V] seed the first canvas.
     Returns:
@@ -224,7 +227,7 @@ def generate(
     # 0. resolve and validate everything once; nothing below reads **kwargs
     run = resolve_run(model, input_ids, attention_mask, generation_config, streamer, logits_processor,
                       stopping_criteria, past_key_values, sampling, seed, generator, batching, max_batch_size, kwargs,
-                      return_trace=return_trace, trace_top_k=trace_top_k)
+                      return_trace=return_trace, trace_top_k=trace_top_k, trace_sc_embedding=trace_sc_embedding)
     if compile is not None and compile is not False:
         if not isinstance(compile, (bool, dict)):
             raise TypeError(f"`compile` must be a bool or a dict of compile_layers options, got {compile!r}")

@@ -128,11 +128,13 @@ class GenerationRun:
     self_conditioning_logits: torch.Tensor | None  # [B, L, V]
     past_key_values: BlockDiffusionCache | None
     trace_top_k: int | None = None  # record a trace with this top-k width (None: no trace)
+    trace_sc_embedding: bool = False  # the trace also keeps the exact self-conditioning input [B, L, H] per step
 
 
 def resolve_run(model, input_ids, attention_mask, generation_config, streamer, logits_processor, stopping_criteria,
                 past_key_values, sampling, seed, generator, batching, max_batch_size, kwargs: dict,
-                return_trace: bool = False, trace_top_k: int = 8) -> GenerationRun:
+                return_trace: bool = False, trace_top_k: int = 8, trace_sc_embedding: bool = False
+                ) -> GenerationRun:
     """Validate every argument of `generate` (see there) and resolve them into one `GenerationRun`."""
     text = model.config.text_config
     V, L = text.vocab_size, model.canvas_length
@@ -182,6 +184,8 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
                          "skips the LM head for rows that stopped denoising, so their logits do not exist")
     batching = resolve_batching(batching, max_batch_size, fast, B, streamer, past_key_values)
     trace_width = resolve_trace(return_trace, trace_top_k, batching, past_key_values)
+    if trace_sc_embedding and trace_width is None:
+        raise ValueError("`trace_sc_embedding=True` needs `return_trace=True`")
     eos = config.eos_token_id
     eos_ids = torch.tensor(eos if isinstance(eos, (list, tuple)) else [eos], device=device) if eos is not None else None
     generators = row_generators(B, device, seed, generator) if fast else None
@@ -192,5 +196,5 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
         processors=LogitsProcessorList(logits_processor) if logits_processor else None,
         user_criteria=StoppingCriteriaList(stopping_criteria) if stopping_criteria else None,
         eos_ids=eos_ids, decoder_input_ids=decoder_input_ids, self_conditioning_logits=sc_logits,
-        past_key_values=past_key_values, trace_top_k=trace_width,
+        past_key_values=past_key_values, trace_top_k=trace_width, trace_sc_embedding=bool(trace_sc_embedding),
     )

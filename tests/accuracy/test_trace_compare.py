@@ -125,3 +125,21 @@ def test_a_minimal_trace_scores_committed_canvases(saved_pair, tmp_path, prompts
     assert all(0 <= s["top1"] <= 1 and s["mean_entropy"] > 0 for s in summary["steps"])
     # an explicit threshold the random tiny model cannot meet fails the run
     assert main(["compare", "--model", str(path), "--trace", str(tmp_path / "m"), "--min-top1", "1.01"]) == 1
+
+
+def test_the_exact_self_conditioning_input_makes_a_small_k_replay_exact(saved_pair, tmp_path, prompts, capsys,
+                                                                       one_thread):
+    """k = 8 rebuilds self-conditioning approximately (the tiny model is nearly uniform, so argmaxes move); with
+    --sc-embedding the replay feeds the recorded input itself and agrees fully."""
+    path = saved_pair[0]
+    assert trace_cli(path, tmp_path / "approx") == 0
+    assert trace_cli(path, tmp_path / "exact", "--sc-embedding") == 0
+    exact = load_trace(tmp_path / "exact")
+    assert exact.manifest["sc_embedding"] and exact.tensors["sc_embedding"].shape[-1] == 64
+    capsys.readouterr()
+    main(["compare", "--model", str(path), "--trace", str(tmp_path / "approx"), "--json"])
+    approx_steps = json.loads(capsys.readouterr().out)["steps"]
+    assert main(["compare", "--model", str(path), "--trace", str(tmp_path / "exact"), "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    assert {s["top1"] for s in steps} == {1.0} and max(s["max_dlogprob"] for s in steps) < 1e-5
+    assert max(s["max_dlogprob"] for s in approx_steps) > 1e-3  # the approximation is visible without it
