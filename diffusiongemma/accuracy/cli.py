@@ -132,6 +132,9 @@ def run_compare(args) -> int:
         print(f"error: malformed trace: {e}", file=sys.stderr)
         return 2
     model, _ = _load(args)
+    if trace.manifest.get("logits_processors"):
+        print(f"warning: the trace was made with logits processors {trace.manifest['logits_processors']}, which "
+              "the replay does not apply: expect differences where they changed the logits", file=sys.stderr)
     try:
         scores = replay(model, trace)
     except TraceFormatError as e:

@@ -7,6 +7,7 @@ committed tokens only) scores every committed canvas as a denoising fixed point 
 Legend: R records, B batch, P prompt, L canvas length, V vocab, H hidden, k top-k width.
 """
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -40,7 +41,8 @@ class StepScore:
     mean_entropy: float
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The fields, with NaN (not measured) as None so the JSON output is strict JSON."""
+        return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(self).items()}
 
 
 def soft_from_top_k(stack, ids: torch.Tensor, logprobs: torch.Tensor, present: torch.Tensor) -> torch.Tensor:

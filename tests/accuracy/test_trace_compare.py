@@ -120,8 +120,9 @@ def test_a_minimal_trace_scores_committed_canvases(saved_pair, tmp_path, prompts
     minimal.save(tmp_path / "m")
     capsys.readouterr()
     assert main(["compare", "--model", str(path), "--trace", str(tmp_path / "m"), "--json"]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    summary = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}"))
     assert summary["mode"] == "minimal" and len(summary["steps"]) == 3
+    assert summary["steps"][0]["kl"] is None  # not measured on a minimal trace
     assert all(0 <= s["top1"] <= 1 and s["mean_entropy"] > 0 for s in summary["steps"])
     # an explicit threshold the random tiny model cannot meet fails the run
     assert main(["compare", "--model", str(path), "--trace", str(tmp_path / "m"), "--min-top1", "1.01"]) == 1
