@@ -7,6 +7,7 @@ this implementation.
 
 from transformers import AutoModelForCausalLM
 
+from .accuracy import Trace, load_trace
 from .generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig
 from .modeling import (
     BlockDiffusionCache,
@@ -27,4 +28,6 @@ __all__ = [
     "DiffusionGemmaOutput",
     "DiffusionGemmaTextConfig",
     "EntropyBoundSamplerConfig",
+    "Trace",
+    "load_trace",
 ]

@@ -4,6 +4,7 @@
     diffusiongemma sudoku [--puzzle P | --puzzles F | --eval N] [--json]
     diffusiongemma train sudoku --out DIR
     diffusiongemma quantize --scheme fp8-dynamic|nvfp4 SRC DST
+    diffusiongemma trace | compare | golden             reference accuracy (docs/reference-accuracy.md)
 
 Each command lives in its own `add_*_command(subparsers)` function; `main` wires them together.
 """
@@ -166,11 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_generate_command(subparsers)
+    from .accuracy.cli import add_accuracy_commands
     from .quantization.cli import add_quantize_command
     from .sudoku.cli import add_sudoku_commands
 
     add_sudoku_commands(subparsers)
     add_quantize_command(subparsers)
+    add_accuracy_commands(subparsers)
     return parser
 
 

@@ -43,8 +43,13 @@ def step_settings(model, run: GenerationRun, cache, streamer) -> StepSettings:
         keep=run.keep,
         skip_finished=run.fast,
         soft_embed=soft_embedder(model.get_decoder(), exact_reference=not run.fast),
-        keep_logits=streamer is not None and getattr(streamer, "_takes_logits", False),
+        keep_logits=takes_logits(streamer) or run.trace_top_k is not None,
     )
+
+
+def takes_logits(streamer) -> bool:
+    """The streamer wants the tempered logits instead of the argmax canvas as its draft (spec D.4.4j)."""
+    return streamer is not None and getattr(streamer, "_takes_logits", False)
 
 
 def new_canvas(model, run: GenerationRun, settings: StepSettings, sequences: torch.Tensor, finished: torch.Tensor,
@@ -97,7 +102,7 @@ def stream_draft(streamer, state: CanvasState, embed_dtype: torch.dtype) -> None
     """Spec D.4.4j: the argmax canvas (or, for a streamer that takes logits, the tempered logits) after a step."""
     if streamer is None or not hasattr(streamer, "put_draft"):
         return
-    if state.draft_logits is not None:
+    if takes_logits(streamer):
         streamer.put_draft(logits=state.draft_logits.to(embed_dtype).cpu())
     else:
         streamer.put_draft(value=state.argmax_canvas.cpu())
@@ -114,6 +119,11 @@ def generate_lockstep(model, run: GenerationRun, streamer):
     if run.keep is not None:  # where the padding is: read to the host once, here, so no step has to
         cache.padding = PaddingSlots.of(run.keep, cache.padding)
     settings = step_settings(model, run, cache, streamer)
+    recorder = None
+    if run.trace_top_k is not None:  # off by default: no recording work at all
+        from ..accuracy.record import TraceRecorder
+
+        recorder = TraceRecorder(model, run)
     if streamer is not None:
         streamer.put(input_ids.cpu())
     sequences = input_ids  # [B, P + c*L]
@@ -125,9 +135,13 @@ def generate_lockstep(model, run: GenerationRun, streamer):
         model.encode(sequences if c == 0 else sequences[:, -L:], cache, keep=run.keep)
         # 2. (generate takes text only: no vision inputs to drop) 3. a fresh noise canvas, the stopper reset
         state = new_canvas(model, run, settings, sequences, finished, passes, live, c)
+        if recorder is not None:
+            recorder.begin_canvas(state, c)
         # 4. denoise, counting the steps remaining N..1
         for _ in range(settings.max_steps):
-            state = denoise_step(model, state, settings)  # a-i: no host read
+            before, state = state, denoise_step(model, state, settings)  # a-i: no host read
+            if recorder is not None:
+                recorder.record_step(before, state, settings)
             stream_draft(streamer, state, embed_dtype)  # j
             state, denoising = still_denoising(replace(state, draft_logits=None), run.fast)  # k
             if not denoising:
@@ -145,7 +159,8 @@ def generate_lockstep(model, run: GenerationRun, streamer):
             break
     if streamer is not None:
         streamer.end()
-    return generation_output(config, sequences, P, passes, cache)
+    trace = recorder.finish(sequences) if recorder is not None else None
+    return generation_output(config, sequences, P, passes, cache, trace=trace)
 
 
 @torch.no_grad()
@@ -164,6 +179,9 @@ def generate(
     batching: str | None = None,
     max_batch_size: int | None = None,
     compile: bool | dict = False,
+    return_trace: bool = False,
+    trace_top_k: int = 8,
+    trace_sc_embedding: bool = False,
     **kwargs,
 ):
     """Generate whole canvases by block-autoregressive denoising.
@@ -181,7 +199,8 @@ def generate(
             "fast" draws from the same distributions with far less work and one generator per row, and skips the LM
             head and sampler for rows that stopped denoising, so a row's output does not depend on the rest of the
             batch (with lock-step batching only for rows of equal prompt length: left padding shifts positions, spec
-            C.10; mixed batching strips the padding).
+            C.10; mixed batching strips the padding). "gumbel" is reference mode with vLLM's Gumbel-max draw instead
+            of the multinomial (a semantics switch, docs/reference-accuracy.md).
         seed: fast mode only: an int (row b uses seed + b) or one int per row.
         generator: fast mode only: a `torch.Generator` (per-row seeds are drawn from it) or one per row.
         batching: fast mode only. "mixed" (the default for fast mode with more than one row): rows progress
@@ -194,6 +213,12 @@ def generate(
         compile: True compiles every decoder layer with `torch.compile` first (`modeling.compile.compile_layers`;
             sticky: the model stays compiled, `uncompile_layers` undoes it); a dict passes `mode`, `dynamic` or
             `backend` to it. The first call pays the compilation.
+        return_trace: also return `out.trace`, a `diffusiongemma.accuracy.Trace` of every canvas and step (input
+            canvas, self-conditioning top-k, argmax, entropy, accepted mask, temperature, stop decision, committed
+            tokens; see docs/trace-format.md). Lock-step batching only; implies a dict output. Off: no cost.
+        trace_top_k: how many of the most likely tokens a trace keeps per position (default 8).
+        trace_sc_embedding: the trace also keeps each step's exact self-conditioning input [B, L, H] (4*H bytes
+            per position), so a replay needs no top-k approximation.
         **kwargs: generation config fields (max_new_tokens, max_denoising_steps, t_min, ...) override the config;
             `decoder_input_ids` [B, L] and `self_conditioning_logits` [B, L, V] seed the first canvas.
     Returns:
@@ -201,7 +226,8 @@ def generate(
     """
     # 0. resolve and validate everything once; nothing below reads **kwargs
     run = resolve_run(model, input_ids, attention_mask, generation_config, streamer, logits_processor,
-                      stopping_criteria, past_key_values, sampling, seed, generator, batching, max_batch_size, kwargs)
+                      stopping_criteria, past_key_values, sampling, seed, generator, batching, max_batch_size, kwargs,
+                      return_trace=return_trace, trace_top_k=trace_top_k, trace_sc_embedding=trace_sc_embedding)
     if compile is not None and compile is not False:
         if not isinstance(compile, (bool, dict)):
             raise TypeError(f"`compile` must be a bool or a dict of compile_layers options, got {compile!r}")

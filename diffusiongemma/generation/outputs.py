@@ -17,6 +17,7 @@ class DiffusionGemmaGenerationOutput(ModelOutput):
         sequences: [B, P + c*L] prompt followed by the committed canvases (pad after EOS).
         tokens_per_forward: [B] float, new non-pad tokens per denoising pass of that row.
         past_key_values: the cache; holds the prompt and every canvas but the last (spec D.6). Lock-step only.
+        trace: with `return_trace=True`, a `diffusiongemma.accuracy.Trace` of every canvas and step.
     """
 
     sequences: torch.LongTensor | None = None
@@ -25,6 +26,7 @@ class DiffusionGemmaGenerationOutput(ModelOutput):
     logits: torch.Tensor | None = None
     scores: torch.Tensor | None = None
     hidden_states: torch.Tensor | None = None
+    trace: object | None = None
 
 
 def tokens_per_forward(new_tokens: torch.Tensor, passes: torch.Tensor, pad_id: int | None) -> torch.Tensor:
@@ -33,12 +35,14 @@ def tokens_per_forward(new_tokens: torch.Tensor, passes: torch.Tensor, pad_id: i
     return valid / passes
 
 
-def generation_output(config, sequences: torch.Tensor, prompt_length: int, passes: torch.Tensor, cache=None):
-    """The sequences [B, P + c*L], or with `return_dict_in_generate` a `DiffusionGemmaGenerationOutput`."""
-    if not config.return_dict_in_generate:
+def generation_output(config, sequences: torch.Tensor, prompt_length: int, passes: torch.Tensor, cache=None,
+                      trace=None):
+    """The sequences [B, P + c*L], or with `return_dict_in_generate` (or a trace) a `DiffusionGemmaGenerationOutput`."""
+    if not config.return_dict_in_generate and trace is None:
         return sequences
     return DiffusionGemmaGenerationOutput(
         sequences=sequences,
         tokens_per_forward=tokens_per_forward(sequences[:, prompt_length:], passes, config.pad_token_id),
         past_key_values=cache,
+        trace=trace,
     )

@@ -85,6 +85,27 @@ def resolve_batching(batching, max_batch_size, fast: bool, batch: int, streamer,
     return batching
 
 
+def resolve_trace(return_trace: bool, trace_top_k: int, batching: str, past_key_values) -> int | None:
+    """The top-k width of a trace to record (`diffusiongemma.accuracy`), or None when no trace is recorded.
+
+    A trace follows one lock-step batch from the start of the sequence: mixed batching, lock-step chunks and
+    `past_key_values` are refused.
+    """
+    if not isinstance(return_trace, bool):
+        raise TypeError(f"`return_trace` must be a bool, got {return_trace!r}")
+    if not return_trace:
+        return None
+    if isinstance(trace_top_k, bool) or not isinstance(trace_top_k, int) or trace_top_k < 1:
+        raise ValueError(f"`trace_top_k` must be a positive int, got {trace_top_k!r}")
+    if batching != "lockstep":
+        raise ValueError(f"`return_trace=True` records one lock-step batch, but this call resolved "
+                         f"batching={batching!r}: pass batching='lockstep' (and no `max_batch_size` below the batch)")
+    if past_key_values is not None:
+        raise ValueError("`return_trace=True` records the whole sequence from the prompt on: it cannot continue "
+                         "`past_key_values` (pass the full prompt instead)")
+    return trace_top_k
+
+
 @dataclass(frozen=True)
 class GenerationRun:
     """Everything `generate` resolved from its arguments; read by the loops, never changed."""
@@ -106,10 +127,14 @@ class GenerationRun:
     decoder_input_ids: torch.Tensor | None  # [B, L]
     self_conditioning_logits: torch.Tensor | None  # [B, L, V]
     past_key_values: BlockDiffusionCache | None
+    trace_top_k: int | None = None  # record a trace with this top-k width (None: no trace)
+    trace_sc_embedding: bool = False  # the trace also keeps the exact self-conditioning input [B, L, H] per step
 
 
 def resolve_run(model, input_ids, attention_mask, generation_config, streamer, logits_processor, stopping_criteria,
-                past_key_values, sampling, seed, generator, batching, max_batch_size, kwargs: dict) -> GenerationRun:
+                past_key_values, sampling, seed, generator, batching, max_batch_size, kwargs: dict,
+                return_trace: bool = False, trace_top_k: int = 8, trace_sc_embedding: bool = False
+                ) -> GenerationRun:
     """Validate every argument of `generate` (see there) and resolve them into one `GenerationRun`."""
     text = model.config.text_config
     V, L = text.vocab_size, model.canvas_length
@@ -158,6 +183,9 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
         raise ValueError("a streamer with `_takes_logits=True` needs sampling='reference' or a batch of 1: fast mode "
                          "skips the LM head for rows that stopped denoising, so their logits do not exist")
     batching = resolve_batching(batching, max_batch_size, fast, B, streamer, past_key_values)
+    trace_width = resolve_trace(return_trace, trace_top_k, batching, past_key_values)
+    if trace_sc_embedding and trace_width is None:
+        raise ValueError("`trace_sc_embedding=True` needs `return_trace=True`")
     eos = config.eos_token_id
     eos_ids = torch.tensor(eos if isinstance(eos, (list, tuple)) else [eos], device=device) if eos is not None else None
     generators = row_generators(B, device, seed, generator) if fast else None
@@ -168,5 +196,5 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
         processors=LogitsProcessorList(logits_processor) if logits_processor else None,
         user_criteria=StoppingCriteriaList(stopping_criteria) if stopping_criteria else None,
         eos_ids=eos_ids, decoder_input_ids=decoder_input_ids, self_conditioning_logits=sc_logits,
-        past_key_values=past_key_values,
+        past_key_values=past_key_values, trace_top_k=trace_width, trace_sc_embedding=bool(trace_sc_embedding),
     )

@@ -26,6 +26,8 @@ class CanvasState:
         draft_logits: [B, L, V] tempered logits of the latest step, kept only for a streamer that takes logits.
         unsamplable: [B] bool, rows whose latest tempered logits gave no distribution (every token -inf, or a NaN
             or +inf score): the loop raises instead of committing noise.
+        entropy: [B, L] fp32 entropy of the latest tempered logits, as the sampler computed it (inf for rows fast
+            mode did not run); read by trace recording (`diffusiongemma.accuracy`).
     """
 
     canvas: torch.Tensor
@@ -39,3 +41,4 @@ class CanvasState:
     rows: list[int] | None = None
     draft_logits: torch.Tensor | None = None
     unsamplable: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None

@@ -33,7 +33,8 @@ class StepSettings:
         skip_finished: fast mode: the head, processors and sampler run only for `state.rows`.
         soft_embed: turns the sampler's probabilities into the self-conditioning input, or None: reference mode with
             non-fp32 embeddings, where it must come from the logits (`soft_embedder`).
-        keep_logits: keep the tempered logits in `state.draft_logits` (a streamer that takes logits).
+        keep_logits: keep the tempered logits in `state.draft_logits` (a streamer that takes logits, or trace
+            recording).
     """
 
     max_steps: int
@@ -116,4 +117,4 @@ def denoise_step(model, state: CanvasState, settings: StepSettings) -> CanvasSta
     done = done | settings.stopper(argmax, entropy)
     return replace(state, canvas=canvas, argmax_canvas=argmax, soft=soft, finished_denoising=done,
                    forward_passes=passes, steps_remaining=state.steps_remaining - 1, draft_logits=kept,
-                   unsamplable=entropy.isnan().any(dim=-1))
+                   unsamplable=entropy.isnan().any(dim=-1), entropy=entropy)

@@ -20,6 +20,8 @@ import torch
 
 from .config import LayerShape
 
+DECODER_WINDOWS = ("reference", "symmetric")  # sliding-layer semantics of a denoising pass (build_decoder_masks)
+
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -187,22 +189,31 @@ def build_decoder_masks(
     batch: int,
     device: torch.device,
     backend: str = "sdpa",
+    window: str = "reference",
 ) -> dict[str, LayerMask]:
     """Masks for a denoising pass: the canvas (slots [S, S+L)) attends bidirectionally to itself and to the cache.
 
     Full layers see every cached slot; sliding layers see the same last W-1 cached slots for every canvas query, with
     no window inside the canvas (spec C.10, sdpa/eager + DynamicCache reference). `padding` describes the padding
     vector keep [B, >= S]; a layer whose key view holds no padding slot gets no mask (decided on the host).
+    window="symmetric" is a semantics switch that names an engine difference (docs/reference-accuracy.md): sliding
+    layers then also require |q - k| <= W-1, the reference's flash-attention window (spec C.10, E), so canvas query j
+    loses the j oldest of those cached slots.
     """
+    if window not in DECODER_WINDOWS:
+        raise ValueError(f"decoder window must be one of {DECODER_WINDOWS}, got {window!r}")
     out = {}
     for layer_type, shape in shapes.items():
         kv0 = _first_visible_slot(shape, cached)
         kv1 = cached + canvas_length
-        mask = None
+        mods = []
         if padding is not None and padding.any_in(kv0, cached):
             full_keep = torch.ones(batch, kv1, dtype=torch.bool, device=device)
             full_keep[:, kv0:cached] = padding.keep[:, kv0:cached]
-            mask = materialize(key_padding(full_keep, kv0), batch, canvas_length, kv1 - kv0, device, backend)
+            mods.append(key_padding(full_keep, kv0))
+        if window == "symmetric" and shape.is_sliding and kv1 - 1 - kv0 > shape.sliding_window - 1:
+            mods.append(symmetric_window(shape.sliding_window - 1, cached, kv0))
+        mask = materialize(and_masks(*mods), batch, canvas_length, kv1 - kv0, device, backend) if mods else None
         out[layer_type] = LayerMask(kv0, kv1, mask)
     return out
 

@@ -37,6 +37,8 @@ class DiffusionGemmaTextStack(nn.Module):
         self._inv_freq: dict = {}  # (layer type, device) -> RoPE inverse frequencies [D/2] fp32, see `_rope`
         self.gradient_checkpointing = False  # set by `model.gradient_checkpointing_enable()`
         self._gradient_checkpointing_func = None
+        # semantics switch (docs/reference-accuracy.md): "symmetric" gives denoising passes the |q - k| <= W-1 window
+        self.decoder_window = getattr(config, "decoder_window", "reference")
 
     def new_cache(self) -> BlockDiffusionCache:
         return BlockDiffusionCache(self.shapes)
@@ -146,7 +148,7 @@ class DiffusionGemmaTextStack(nn.Module):
         padding = None
         if keep is not None:
             padding = cache.padding = PaddingSlots.of(keep, getattr(cache, "padding", None))
-        masks = build_decoder_masks(self.type_shapes, S, L, padding, B, canvas.device, backend)
+        masks = build_decoder_masks(self.type_shapes, S, L, padding, B, canvas.device, backend, self.decoder_window)
         ctx = PassContext(self._rope(positions, x.dtype), masks, cache, False, backend)
         scalars = [layer.layer_scalar for layer in self.layers]
         return self._run(x, ctx, scalars, collect)

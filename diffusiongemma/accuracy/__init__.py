@@ -1,0 +1,14 @@
+"""Reference-accuracy toolkit: traces of `generate`, teacher-forced comparison of another engine's trace, golden
+outputs (docs/reference-accuracy.md, docs/trace-format.md).
+
+    format.py   the `Trace` object, its files, and the checks that name what is malformed
+    record.py   recording a trace while `generate` runs (`return_trace=True`)
+    replay.py   teacher-forced replay of a trace through our model, per-step metrics
+    report.py   thresholds, the per-canvas table and JSON
+    golden.py   golden outputs for another engine's CI
+    cli.py      the `trace`, `compare` and `golden` commands
+"""
+
+from .format import FORMAT_NAME, FORMAT_VERSION, Trace, TraceFormatError, load_trace
+
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Trace", "TraceFormatError", "load_trace"]

@@ -1,0 +1,175 @@
+"""The `trace`, `compare` and `golden` commands (docs/reference-accuracy.md).
+
+    diffusiongemma trace --model PATH (--prompt TEXT | --prompts FILE) --out DIR [--seed S] [--top-k K] ...
+    diffusiongemma compare --model PATH --trace DIR [--json] [--min-top1 X] [--max-kl X]     exit 0 / 1 / 2
+    diffusiongemma golden --model PATH --prompts FILE --out FILE.jsonl [--seed S]
+    diffusiongemma golden --check FILE.jsonl --model PATH [--seed S]                         exit 0 / 1
+"""
+
+import json
+import sys
+from pathlib import Path
+
+
+def _positive_int(text: str) -> int:
+    from ..cli import positive_int
+
+    return positive_int(text)
+
+
+def _load(args):
+    from transformers import AutoTokenizer
+
+    from ..cli import _dtype
+    from ..modeling import DiffusionGemmaForBlockDiffusion
+
+    dtype = _dtype(args.dtype)
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.model, dtype=dtype).to(args.device).eval()
+    model.get_decoder().decoder_window = args.decoder_window  # a semantics switch; "reference" by default
+    return model, AutoTokenizer.from_pretrained(args.model)
+
+
+def read_prompts(path) -> list[str]:
+    """One prompt per line (blank lines skipped); a `.jsonl` file holds objects with a "prompt" field."""
+    text = Path(path).read_text()
+    if str(path).endswith(".jsonl"):
+        return [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _model_args(p) -> None:
+    p.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors, tokenizer files)")
+    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 or auto")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--decoder-window", choices=["reference", "symmetric"], default="reference",
+                   help="semantics switch: sliding layers of a denoising pass see the reference's last W-1 cached "
+                        "tokens (default), or |q - k| <= W-1 like flash-attention / vLLM (spec C.10, E)")
+
+
+def add_accuracy_commands(subparsers) -> None:
+    """Register `trace`, `compare` and `golden`."""
+    p = subparsers.add_parser("trace", help="record a generation trace (every canvas and step) to a folder",
+                              description="Generate with return_trace=True and save manifest.json + "
+                                          "trace.safetensors (docs/trace-format.md).")
+    _model_args(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="one prompt")
+    src.add_argument("--prompts", help="a file with one prompt per line (a batch, left-padded)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--top-k", type=_positive_int, default=8, help="top-k tokens kept per position (default 8)")
+    p.add_argument("--sc-embedding", action="store_true",
+                   help="also keep the exact self-conditioning input [B, L, H] per step (4*H bytes a position), so "
+                        "the replay needs no top-k approximation")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=None, help="new tokens (whole canvases)")
+    p.add_argument("--steps", type=_positive_int, default=None, help="max denoising steps per canvas")
+    p.add_argument("--sampling", choices=["reference", "fast", "gumbel"], default="reference",
+                   help="reference (default), fast (lock-step, per-row seeds) or gumbel (semantics switch: reference "
+                        "with vLLM's Gumbel-max draw)")
+    p.set_defaults(func=run_trace)
+
+    p = subparsers.add_parser("compare", help="replay a trace teacher-forced through the model; exit 0 within the "
+                                              "thresholds, 1 not, 2 on a malformed trace",
+                              description="At every recorded step, feed the trace's prefix, canvas and "
+                                          "self-conditioning state to our decoder and compare distributions.")
+    _model_args(p)
+    p.add_argument("--trace", required=True, help="trace folder (manifest.json + trace.safetensors)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--min-top1", type=float, default=None,
+                   help="least top-1 agreement per step (default 0.99; minimal traces: none)")
+    p.add_argument("--max-kl", type=float, default=None, help="largest mean KL per step (default 0.01)")
+    p.set_defaults(func=run_compare)
+
+    p = subparsers.add_parser("golden", help="write golden outputs for another engine's CI, or --check them",
+                              description="Reference-mode tokens, text, steps per canvas, tokens per forward and "
+                                          "a first-step top-k fingerprint per prompt, one JSON line each.")
+    _model_args(p)
+    p.add_argument("--prompts", help="prompts file (one per line); required without --check")
+    p.add_argument("--out", help="golden file to write (.jsonl); required without --check")
+    p.add_argument("--check", help="golden file to re-run and compare (exit 0 when identical, 1 otherwise)")
+    p.add_argument("--seed", type=int, default=None, help="seed (default 0 when writing; the file's when checking)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=None, help="new tokens (whole canvases)")
+    p.add_argument("--steps", type=_positive_int, default=None, help="max denoising steps per canvas")
+    p.set_defaults(func=run_golden)
+
+
+def run_trace(args) -> int:
+    import torch
+
+    model, tokenizer = _load(args)
+    prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
+    if not prompts:
+        print(f"error: {args.prompts} holds no prompts", file=sys.stderr)
+        return 2
+    tokenizer.padding_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    overrides = {k: v for k, v in (("max_new_tokens", args.max_new_tokens), ("max_denoising_steps", args.steps))
+                 if v is not None}
+    if args.sampling == "fast":
+        overrides.update(sampling="fast", seed=args.seed, batching="lockstep")
+    else:
+        torch.manual_seed(args.seed)
+    out = model.generate(enc["input_ids"].to(args.device), attention_mask=enc["attention_mask"].to(args.device),
+                         return_trace=True, trace_top_k=args.top_k, trace_sc_embedding=args.sc_embedding,
+                         **overrides)
+    trace = out.trace
+    trace.manifest["prompts"] = prompts
+    trace.manifest["seed_argument"] = args.seed
+    trace.save(args.out)
+    records = trace.tensors["canvas_index"].shape[0]
+    print(f"wrote {args.out}: {trace.num_canvases} canvas(es), {records} step record(s), batch {len(prompts)}")
+    return 0
+
+
+def run_compare(args) -> int:
+    from .format import TraceFormatError, load_trace
+    from .replay import replay
+    from .report import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, format_table, summarize
+
+    try:
+        trace = load_trace(args.trace)
+    except TraceFormatError as e:
+        print(f"error: malformed trace: {e}", file=sys.stderr)
+        return 2
+    model, _ = _load(args)
+    if trace.manifest.get("logits_processors"):
+        print(f"warning: the trace was made with logits processors {trace.manifest['logits_processors']}, which "
+              "the replay does not apply: expect differences where they changed the logits", file=sys.stderr)
+    try:
+        scores = replay(model, trace)
+    except TraceFormatError as e:
+        print(f"error: malformed trace: {e}", file=sys.stderr)
+        return 2
+    if trace.is_minimal:
+        min_top1, max_kl = args.min_top1, None
+    else:
+        min_top1 = DEFAULT_MIN_TOP1 if args.min_top1 is None else args.min_top1
+        max_kl = DEFAULT_MAX_KL if args.max_kl is None else args.max_kl
+    summary = summarize(scores, trace.is_minimal, min_top1, max_kl)
+    print(json.dumps(summary, indent=2) if args.json else format_table(summary))
+    return 0 if summary["passed"] else 1
+
+
+def run_golden(args) -> int:
+    from .golden import check_golden, write_golden
+
+    if args.check is None and (args.prompts is None or args.out is None):
+        print("error: golden needs --prompts and --out to write, or --check FILE", file=sys.stderr)
+        return 2
+    model, tokenizer = _load(args)
+    if args.check is not None:
+        try:
+            problems = check_golden(model, tokenizer, args.check, seed=args.seed)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for index, diff in problems:
+            print(f"record {index}: first divergence at {diff}")
+        print("golden check: " + ("PASS" if not problems else f"FAIL ({len(problems)} record(s) differ)"))
+        return 0 if not problems else 1
+    records = write_golden(model, tokenizer, read_prompts(args.prompts), args.out,
+                           seed=0 if args.seed is None else args.seed, max_new_tokens=args.max_new_tokens,
+                           steps=args.steps)
+    print(f"wrote {args.out}: {len(records)} record(s)")
+    return 0
+

@@ -1,0 +1,149 @@
+"""Record a `Trace` while `generate` runs (lock-step batching): the loop calls `begin_canvas`, `record_step` after
+every denoising step, and `finish` once. Only built when `return_trace=True`, so generation without a trace does no
+recording work.
+
+Legend: B batch, B' rows that ran a step (fast mode), P prompt, L canvas length, V vocab, k top-k width.
+"""
+
+import hashlib
+import json
+
+import torch
+
+from ..generation.entropy_bound import entropy_bound_accept
+from .format import FORMAT_NAME, FORMAT_VERSION, Trace
+
+
+def top_k_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [..., V] -> (ids [..., k] int32, log-probabilities [..., k] fp32), most likely first.
+
+    Example: logits [0, ln 3] -> p = (1/4, 3/4); k = 1 -> ids [1], log-probs [ln 0.75 = -0.2877].
+    """
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = logprobs.topk(k, dim=-1)
+    return ids.to(torch.int32), values
+
+
+def config_hash(config) -> str:
+    """sha256 of the model config as sorted JSON, without private keys (`_name_or_path`, ...) and the
+    transformers version, so two copies of one checkpoint hash alike."""
+    def clean(d):
+        return {k: clean(v) if isinstance(v, dict) else v for k, v in d.items()
+                if not str(k).startswith("_") and k != "transformers_version"}
+
+    text = json.dumps(clean(config.to_dict()), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def versions() -> dict:
+    import transformers
+
+    import diffusiongemma
+
+    return {"diffusiongemma": diffusiongemma.__version__, "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def run_manifest(model, run) -> dict:
+    """Everything needed to reproduce and judge a run (docs/trace-format.md, manifest)."""
+    config = run.config
+    generators = run.generators
+    settings = {k: v for k, v in config.to_dict().items() if not str(k).startswith("_") and k != "transformers_version"}
+    settings["sampler_config"] = {"entropy_bound": config.sampler_config.entropy_bound}
+    return {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "model": {"path": getattr(model.config, "_name_or_path", "") or "", "config_sha256": config_hash(model.config)},
+        "vocab_size": model.config.text_config.vocab_size,
+        "canvas_length": model.canvas_length,
+        "prompt_length": int(run.input_ids.shape[1]),
+        "batch_size": int(run.input_ids.shape[0]),
+        "num_canvases": run.num_canvases,
+        "dtype": str(model.get_decoder().embed_tokens.weight.dtype).removeprefix("torch."),
+        "device": str(run.input_ids.device),
+        "attention_backend": model.attention_backend,
+        "sampling": "fast" if run.fast else type(run.sampler).__name__.removesuffix("Sampler").lower(),
+        "decoder_window": model.get_decoder().decoder_window,
+        "batching": run.batching,
+        # reference mode draws from the global RNG: the seed it was last seeded with (torch.manual_seed)
+        "seed": None if run.fast else torch.initial_seed(),
+        "row_seeds": [g.initial_seed() for g in generators] if generators is not None else None,
+        "top_k": run.trace_top_k,
+        "sc_embedding": run.trace_sc_embedding,
+        "generation_config": settings,
+        "logits_processors": [type(p).__name__ for p in run.processors] if run.processors else [],
+        "seeded_first_canvas": run.decoder_input_ids is not None,
+        "versions": versions(),
+        "prompts": None,  # text, filled in by callers that have a tokenizer (the CLI)
+    }
+
+
+class TraceRecorder:
+    """Collects one record per (canvas, step) on the CPU."""
+
+    def __init__(self, model, run):
+        self.run = run
+        self.k = min(run.trace_top_k, model.config.text_config.vocab_size)
+        self.bound = run.config.sampler_config.entropy_bound
+        self.hidden = model.config.text_config.hidden_size
+        self.manifest = run_manifest(model, run)
+        self.records: dict[str, list[torch.Tensor]] = {}
+        self.canvas = self.step = 0
+        self.sc_ids = self.sc_logprobs = self.sc_present = None
+
+    def _add(self, **tensors: torch.Tensor) -> None:
+        for name, value in tensors.items():
+            self.records.setdefault(name, []).append(value.detach().cpu())
+
+    def begin_canvas(self, state, c: int) -> None:
+        """A new canvas: no self-conditioning yet, except a caller's `self_conditioning_logits` on canvas 0."""
+        B, L = state.canvas.shape
+        self.canvas, self.step = c, 0
+        self.sc_ids = torch.zeros(B, L, self.k, dtype=torch.int32, device=state.canvas.device)
+        self.sc_logprobs = torch.zeros(B, L, self.k, device=state.canvas.device)
+        self.sc_present = torch.zeros(B, dtype=torch.bool, device=state.canvas.device)
+        if c == 0 and self.run.self_conditioning_logits is not None:
+            self.sc_ids, self.sc_logprobs = top_k_logprobs(self.run.self_conditioning_logits, self.k)
+            self.sc_present = torch.ones_like(self.sc_present)
+
+    def record_step(self, before, after, settings) -> None:
+        """One step: `before` is the state the step read, `after` the state it returned (with `draft_logits`, the
+        tempered logits of the rows that ran, and `entropy`)."""
+        B, L = before.canvas.shape
+        ids, logprobs = top_k_logprobs(after.draft_logits, self.k)  # [B', L, k]
+        if before.rows is not None and len(before.rows) < B:  # fast mode: scatter the rows that ran
+            index = torch.tensor(before.rows, device=ids.device)
+            ids = torch.zeros(B, L, self.k, dtype=ids.dtype, device=ids.device).index_copy(0, index, ids)
+            logprobs = torch.zeros(B, L, self.k, device=ids.device).index_copy(0, index, logprobs)
+        active = ~(before.finished_denoising | before.finished_sequences)  # [B] rows whose result counts
+        if self.run.trace_sc_embedding:  # the decoder's exact self-conditioning input (zeros: none)
+            soft = before.soft if before.soft is not None else before.canvas.new_zeros(B, L, self.hidden)
+            self._add(sc_embedding=soft.float()[None])
+        self._add(
+            canvas_index=torch.tensor([self.canvas], dtype=torch.int32),
+            step_index=torch.tensor([self.step], dtype=torch.int32),
+            steps_remaining=torch.tensor([before.steps_remaining], dtype=torch.int32),
+            temperature=settings.temperatures[before.steps_remaining].reshape(1).float(),
+            active=active[None], input_canvas=before.canvas.to(torch.int32)[None],
+            sc_present=self.sc_present[None], sc_ids=self.sc_ids[None], sc_logprobs=self.sc_logprobs[None],
+            topk_ids=ids[None], topk_logprobs=logprobs[None], argmax=after.argmax_canvas.to(torch.int32)[None],
+            entropy=after.entropy.float()[None],
+            accepted=entropy_bound_accept(after.entropy, self.bound)[None],  # the samplers' own rule (D.4f)
+            stopped=after.finished_denoising[None],
+        )
+        # the next step's self-conditioning: rows that had not stopped take this step's distribution (spec D.4.4h)
+        updated = ~before.finished_denoising
+        self.sc_ids = torch.where(updated[:, None, None], ids, self.sc_ids)
+        self.sc_logprobs = torch.where(updated[:, None, None], logprobs, self.sc_logprobs)
+        self.sc_present = self.sc_present | updated
+        self.step += 1
+
+    def finish(self, sequences: torch.Tensor) -> Trace:
+        """The trace of the whole run; sequences [B, P + C*L] as committed."""
+        tensors = {name: torch.cat(parts) for name, parts in self.records.items()}
+        tensors["sequences"] = sequences.detach().cpu().to(torch.int32)
+        P = self.run.input_ids.shape[1]
+        mask = self.run.attention_mask
+        tensors["attention_mask"] = (mask[:, -P:].bool() if mask is not None
+                                     else torch.ones(sequences.shape[0], P, dtype=torch.bool)).cpu()
+        return Trace(self.manifest, tensors)

@@ -1,0 +1,236 @@
+"""Teacher-forced replay of a trace through our model (docs/reference-accuracy.md).
+
+At every recorded step our decoder gets the trace's own committed prefix, input canvas and self-conditioning state,
+so a difference in one step never feeds the next: each step is judged on its own. A minimal trace (prompts and
+committed tokens only) scores every committed canvas as a denoising fixed point instead.
+
+Legend: R records, B batch, P prompt, L canvas length, V vocab, H hidden, k top-k width.
+"""
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..generation.entropy_bound import entropy_bound_accept, token_entropy
+from ..generation.stopping import StableAndConfidentStopper
+from ..modeling.masks import PaddingSlots
+from .format import Trace
+
+
+@dataclass
+class StepScore:
+    """How our model's step agrees with one recorded step, over the rows active at that step.
+
+    top1: fraction of positions where our argmax equals the recorded argmax. kl: mean over positions of
+    KL(recorded || ours) on the recorded top-k plus one bucket for the rest of the vocabulary (a lower bound of the
+    full KL; exact when k = V). kl_max: its largest position. max_dlogprob: max |recorded - our log-prob| over the
+    recorded top-k ids. accepted: fraction of positions where our entropy-bound acceptance agrees. stop: fraction of
+    rows whose stopping decision agrees. mean_entropy: our mean entropy (nats).
+    """
+
+    canvas: int
+    step: int
+    rows: int
+    top1: float
+    kl: float
+    kl_max: float
+    max_dlogprob: float
+    accepted: float
+    stop: float
+    mean_entropy: float
+
+    def as_dict(self) -> dict:
+        """The fields, with NaN (not measured) as None so the JSON output is strict JSON."""
+        return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(self).items()}
+
+
+def soft_from_top_k(stack, ids: torch.Tensor, logprobs: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """The self-conditioning input [B, L, H] from a top-k record: ids [B, L, k], log-probs [B, L, k], present [B].
+
+    softmax(logits) @ Emb * scale (spec C.9) with the k recorded probabilities exact and the remaining mass spread
+    evenly over the other V - k tokens (exact when k = V). Rows not present get zeros, which gives no
+    self-conditioning, like the first step.
+    """
+    weight = stack.embed_tokens.weight  # [V, H]
+    V, k = weight.shape[0], ids.shape[-1]
+    p = logprobs.double().exp()  # [B, L, k]
+    rows = weight[ids.long()].double()  # [B, L, k, H]
+    top = (p[..., None] * rows).sum(dim=-2)  # [B, L, H]
+    if k < V:
+        tail = (1 - p.sum(dim=-1, keepdim=True)).clamp(min=0) / (V - k)  # [B, L, 1]
+        top = top + tail * (weight.double().sum(dim=0) - rows.sum(dim=-2))
+    soft = (top.to(weight.dtype) * stack.embed_tokens.scale()) * present.to(weight.dtype)[:, None, None]
+    return soft
+
+
+def coarse_kl(rec_logprobs: torch.Tensor, our_logprobs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """KL(recorded || ours) over the k recorded tokens plus one "rest" bucket, per position: [..., k] x2 -> [...].
+
+    The rest bucket is left out when k = V (its mass is only rounding) and is floored at 1e-9 otherwise.
+    Example: recorded p = (0.5, 0.5) on k = 2 of V tokens (rest 0), ours q = (0.25, 0.25), rest 0.5 ->
+    KL = 2 * 0.5 * ln(0.5 / 0.25) = ln 2 = 0.693.
+    """
+    rec, our = rec_logprobs.double(), our_logprobs.double()
+    kl = (rec.exp() * (rec - our)).sum(dim=-1)
+    if rec.shape[-1] < vocab_size:
+        p_rest = (1 - rec.exp().sum(dim=-1)).clamp(min=1e-9)
+        q_rest = (1 - our.exp().sum(dim=-1)).clamp(min=1e-9)
+        kl = kl + p_rest * (p_rest.log() - q_rest.log())
+    return kl.clamp(min=0)
+
+
+def self_conditioning_input(stack, t: dict, r: int) -> torch.Tensor | None:
+    """The decoder's self-conditioning input [B, L, H] at record r: the recorded `sc_embedding` when the trace has
+    it (exact), else rebuilt from the top-k (`soft_from_top_k`); None when no row has one."""
+    present = t["sc_present"][r]  # [B]
+    if not bool(present.any()):
+        return None
+    weight = stack.embed_tokens.weight
+    if "sc_embedding" in t:
+        soft = t["sc_embedding"][r]  # [B, L, H]
+        if soft.shape[-1] != weight.shape[1]:
+            from .format import TraceFormatError
+
+            raise TraceFormatError(f"tensor `sc_embedding` has H = {soft.shape[-1]}, the model's hidden size is "
+                                   f"{weight.shape[1]}")
+        return soft.to(weight.dtype) * present.to(weight.dtype)[:, None, None]
+    return soft_from_top_k(stack, t["sc_ids"][r], t["sc_logprobs"][r], present)
+
+
+def generation_setting(trace: Trace, model, name: str):
+    """A generation setting from the trace's manifest, else the model's generation config."""
+    settings = trace.manifest.get("generation_config") or {}
+    if name == "entropy_bound":
+        sampler = settings.get("sampler_config")
+        if isinstance(sampler, dict) and sampler.get("entropy_bound") is not None:
+            return sampler["entropy_bound"]
+        sampler = model.generation_config.sampler_config
+        return sampler.entropy_bound if sampler is not None else 0.1
+    if settings.get(name) is not None:
+        return settings[name]
+    value = getattr(model.generation_config, name, None)
+    return value if value is not None else {"stability_threshold": 1, "confidence_threshold": 0.005}[name]
+
+
+class PrefixEncoder:
+    """Encodes the trace's committed tokens into a cache the way `generate` does: the prompt, then one canvas per
+    round, so positions and padding match."""
+
+    def __init__(self, model, trace: Trace, device):
+        self.model, self.trace = model, trace
+        seq = trace.tensors["sequences"].to(device=device, dtype=torch.long)  # [B, P + C*L]
+        self.sequences = seq
+        B, P = seq.shape[0], trace.prompt_length
+        mask = trace.tensors.get("attention_mask")
+        self.keep = None
+        if mask is not None and not bool(mask.all()):
+            self.keep = torch.cat([mask.to(device), mask.new_ones(B, seq.shape[1] - P).to(device)], dim=1)
+        self.cache = model.new_cache()
+        self.cache.reserve(seq.shape[1])
+        if self.keep is not None:
+            self.cache.padding = PaddingSlots.of(self.keep, self.cache.padding)
+        self.encoded = 0  # canvases encoded after the prompt
+
+    def ready_for(self, c: int):
+        """Encode up to (not including) canvas c; returns the cache."""
+        P, L = self.trace.prompt_length, self.trace.canvas_length
+        if self.encoded == 0 and self.cache.length == 0:
+            self.model.encode(self.sequences[:, :P], self.cache, keep=self.keep)
+        while self.encoded < c:
+            start = P + self.encoded * L
+            self.model.encode(self.sequences[:, start : start + L], self.cache, keep=self.keep)
+            self.encoded += 1
+        return self.cache
+
+
+def step_logprobs(model, canvas, cache, soft, keep, temperature: float) -> torch.Tensor:
+    """Our tempered log-probabilities [B, L, V] for one step (decoder + head, then / T)."""
+    logits = model.head(model.denoise(canvas, cache, soft, keep=keep))  # [B, L, V] fp32
+    return torch.log_softmax(logits.div_(temperature), dim=-1)
+
+
+@torch.no_grad()
+def replay_full(model, trace: Trace) -> list[StepScore]:
+    """Teacher-forced replay of every recorded step -> one `StepScore` per record (rows active at that step)."""
+    device = next(model.parameters()).device
+    t = {k: v.to(device) for k, v in trace.tensors.items()}
+    prefix = PrefixEncoder(model, trace, device)
+    stack = model.get_decoder()
+    bound = generation_setting(trace, model, "entropy_bound")
+    stopper = StableAndConfidentStopper(int(generation_setting(trace, model, "stability_threshold")),
+                                        float(generation_setting(trace, model, "confidence_threshold")))
+    scores = []
+    for c in range(trace.num_canvases):
+        records = trace.steps(c).tolist()
+        if not records:
+            continue
+        cache = prefix.ready_for(c)
+        stopper.reset(t["sequences"].shape[0])
+        for r in records:
+            soft = self_conditioning_input(stack, t, r)
+            ours = step_logprobs(model, t["input_canvas"][r].long(), cache, soft, prefix.keep,
+                                 float(t["temperature"][r]))  # [B, L, V]
+            scores.append(score_step(trace, t, r, c, ours, bound, stopper))
+    return scores
+
+
+def score_step(trace, t: dict, r: int, c: int, ours: torch.Tensor, bound: float, stopper) -> StepScore:
+    """Compare our log-probs [B, L, V] with record r (the trace's tensors `t`, on our device)."""
+    active = t["active"][r]  # [B]
+    argmax = ours.argmax(dim=-1)  # [B, L]
+    entropy = token_entropy(ours)  # [B, L]
+    # frozen rows keep the recorded argmax in our stopper's history, as generate keeps theirs
+    stop = stopper(torch.where(active[:, None], argmax, t["argmax"][r].long()), entropy)
+    a = active
+    ids = t["topk_ids"][r].long()
+    our_top = ours.gather(-1, ids)  # [B, L, k]
+    kl = coarse_kl(t["topk_logprobs"][r][a], our_top[a], ours.shape[-1])  # [B_active, L]
+    accepted = entropy_bound_accept(entropy, bound)
+    n = int(a.sum())
+    if n == 0:
+        nan = float("nan")
+        return StepScore(c, int(t["step_index"][r]), 0, nan, nan, nan, nan, nan, nan, nan)
+    return StepScore(
+        canvas=c, step=int(t["step_index"][r]), rows=n,
+        top1=float((argmax[a] == t["argmax"][r][a].long()).double().mean()),
+        kl=float(kl.mean()), kl_max=float(kl.max()),
+        max_dlogprob=float((t["topk_logprobs"][r][a].double() - our_top[a].double()).abs().max()),
+        accepted=float((accepted[a] == t["accepted"][r][a]).double().mean()),
+        stop=float((stop[a] == t["stopped"][r][a]).double().mean()),
+        mean_entropy=float(entropy[a].double().mean()),
+    )
+
+
+@torch.no_grad()
+def replay_minimal(model, trace: Trace) -> list[StepScore]:
+    """A minimal trace: each committed canvas fed back as the decoder input (no self-conditioning, T = 1) ->
+    one `StepScore` per canvas (step -1) with top1 = argmax agreement with the canvas and our mean entropy; the
+    other fields are NaN."""
+    device = next(model.parameters()).device
+    prefix = PrefixEncoder(model, trace, device)
+    scores, nan = [], float("nan")
+    for c in range(trace.num_canvases):
+        cache = prefix.ready_for(c)
+        canvas = trace.committed(c).to(device=device, dtype=torch.long)
+        ours = step_logprobs(model, canvas, cache, None, prefix.keep, 1.0)
+        top1 = float((ours.argmax(dim=-1) == canvas).double().mean())
+        scores.append(StepScore(c, -1, canvas.shape[0], top1, nan, nan, nan, nan, nan,
+                                float(token_entropy(ours).double().mean())))
+    return scores
+
+
+def replay(model, trace: Trace) -> list[StepScore]:
+    """Per-step scores of a full trace, or per-canvas fixed-point scores of a minimal one."""
+    V = model.config.text_config.vocab_size
+    vocab = trace.manifest.get("vocab_size")
+    if vocab is not None and vocab != V:
+        from .format import TraceFormatError
+
+        raise TraceFormatError(f"the trace was recorded with vocab_size {vocab}, the model has {V}")
+    if trace.canvas_length != model.canvas_length:
+        from .format import TraceFormatError
+
+        raise TraceFormatError(f"the trace has canvas_length {trace.canvas_length}, the model "
+                               f"{model.canvas_length}")
+    return replay_minimal(model, trace) if trace.is_minimal else replay_full(model, trace)

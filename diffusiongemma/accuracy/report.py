@@ -1,0 +1,89 @@
+"""Judge replay scores against thresholds and present them: a table per canvas and step, or JSON.
+
+Exit codes of `diffusiongemma compare`: 0 within the thresholds, 1 not, 2 a malformed trace.
+"""
+
+import math
+
+from .replay import StepScore
+
+DEFAULT_MIN_TOP1 = 0.99
+DEFAULT_MAX_KL = 0.01
+
+
+def step_fails(s: StepScore, min_top1: float | None, max_kl: float | None) -> bool:
+    """A step fails when its top-1 agreement is below min_top1 or its mean KL above max_kl (NaN never fails)."""
+    if s.rows == 0:
+        return False
+    return (min_top1 is not None and s.top1 < min_top1) or (max_kl is not None and not math.isnan(s.kl)
+                                                           and s.kl > max_kl)
+
+
+def summarize(scores: list[StepScore], minimal: bool, min_top1: float | None, max_kl: float | None) -> dict:
+    """Per-canvas aggregates, the worst step, the first canvas that fails, and the verdict."""
+    canvases = {}
+    for s in scores:
+        entry = canvases.setdefault(s.canvas, {"canvas": s.canvas, "steps": 0, "failing_steps": 0, "top1_min": 1.0,
+                                               "kl_max": 0.0})
+        entry["steps"] += 1
+        entry["failing_steps"] += step_fails(s, min_top1, max_kl)
+        if s.rows:
+            entry["top1_min"] = min(entry["top1_min"], s.top1)
+            if not math.isnan(s.kl):
+                entry["kl_max"] = max(entry["kl_max"], s.kl)
+    counted = [s for s in scores if s.rows]
+    worst = min(counted, key=lambda s: (s.top1, -(0.0 if math.isnan(s.kl) else s.kl)), default=None)
+    failing = [c for c, e in sorted(canvases.items()) if e["failing_steps"]]
+    return {
+        "mode": "minimal" if minimal else "full",
+        "thresholds": {"min_top1": min_top1, "max_kl": max_kl},
+        "passed": not failing,
+        "first_failing_canvas": failing[0] if failing else None,
+        "failing_canvases": failing,
+        "worst_step": worst.as_dict() if worst is not None else None,
+        "canvases": [canvases[c] for c in sorted(canvases)],
+        "steps": [s.as_dict() for s in scores],
+    }
+
+
+def _num(x: float, width: int, digits: int, sci: bool = False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-".rjust(width)
+    return (f"{x:.{digits}e}" if sci else f"{x:.{digits}f}").rjust(width)
+
+
+def format_table(summary: dict) -> str:
+    """The human-readable report: one line per step (grouped by canvas; `!` marks a failing step), then the worst
+    step and the verdict."""
+    th = summary["thresholds"]
+    minimal = summary["mode"] == "minimal"
+    lines = []
+    if minimal:
+        lines.append("minimal trace: each committed canvas scored as a denoising fixed point (no self-conditioning, "
+                     "T = 1)")
+        lines.append("canvas  rows  argmax-agree  mean-entropy")
+        for s in summary["steps"]:
+            bad = "!" if th["min_top1"] is not None and s["top1"] < th["min_top1"] else " "
+            lines.append(f"{s['canvas']:>6}{bad} {s['rows']:>4}  {_num(s['top1'], 12, 4)}  "
+                         f"{_num(s['mean_entropy'], 12, 4)}")
+    else:
+        lines.append("canvas  step  rows    top1        KL    KL-max  max|dlogp|  accept    stop  entropy")
+        for s in summary["steps"]:
+            failing = s["rows"] and ((th["min_top1"] is not None and s["top1"] < th["min_top1"])
+                                     or (th["max_kl"] is not None and s["kl"] > th["max_kl"]))
+            lines.append(
+                f"{s['canvas']:>6}{'!' if failing else ' '}{s['step']:>5}  {s['rows']:>4}  {_num(s['top1'], 6, 4)}  "
+                f"{_num(s['kl'], 8, 1, True)}  {_num(s['kl_max'], 8, 1, True)}  {_num(s['max_dlogprob'], 10, 2, True)}"
+                f"  {_num(s['accepted'], 6, 3)}  {_num(s['stop'], 6, 3)}  {_num(s['mean_entropy'], 7, 3)}"
+            )
+    w = summary["worst_step"]
+    if w is not None:
+        where = f"canvas {w['canvas']}" + ("" if w["step"] < 0 else f", step {w['step']}")
+        lines.append(f"worst step: {where} (top1 {w['top1']:.4f}" + ("" if minimal else f", KL {w['kl']:.3e}") + ")")
+    shown = {k: v for k, v in th.items() if v is not None}
+    if summary["passed"]:
+        lines.append(f"PASS: every step within {shown or 'no thresholds'}")
+    else:
+        lines.append(f"FAIL: canvases {summary['failing_canvases']} exceed {shown}; first divergence at canvas "
+                     f"{summary['first_failing_canvas']}")
+    return "\n".join(lines)
