@@ -10,6 +10,7 @@ Module paths mirror the checkpoint so weights load and save without renaming (sp
 Legend: B batch, P prompt tokens, L canvas length, S cached slots, H hidden, V vocab.
 """
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -96,6 +97,23 @@ class DiffusionGemmaModel(nn.Module):
         super().__init__()
         self.decoder = DiffusionGemmaTextStack(config.text_config)
         self.encoder = DiffusionGemmaEncoderParts(config)
+
+
+def _loading_for_a_pipeline() -> bool:
+    """Whether transformers' `pipeline()` is loading the model: its `load_model` is on the call stack. (The
+    `_from_pipeline` flag it sets does not reach us through `AutoModelForCausalLM`: the Auto class's config loading
+    consumes it.)"""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "load_model" and frame.f_globals.get("__name__") == "transformers.pipelines.base":
+            return True
+        frame = frame.f_back
+    return False
+
+
+class PipelineLoadError(Exception):
+    """`from_pretrained` failed under `pipeline(...)`. Deliberately not a ValueError / TypeError / OSError /
+    RuntimeError: the pipeline catches those and retries with the built-in class named in `config.architectures`."""
 
 
 class DiffusionGemmaPreTrainedModel(PreTrainedModel):
@@ -363,8 +381,26 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         * checkpoints with the text weights under `model.encoder.language_model.*` are renamed on the fly;
         * `strict=True` (default): missing, mis-shaped or unexpected weights raise a ValueError naming the keys
           instead of being silently initialized at random;
-        * compressed-tensors FP8 / NVFP4 checkpoints load compressed (`diffusiongemma.quantization.loader`).
+        * compressed-tensors FP8 / NVFP4 checkpoints load compressed (`diffusiongemma.quantization.loader`), also
+          through `AutoModelForCausalLM` and `pipeline("text-generation", model=path)`.
+
+        Raises:
+            PipelineLoadError: loading failed under `pipeline(...)`, which would otherwise retry with transformers'
+                built-in class (and, for a compressed-tensors checkpoint, random weights).
         """
+        if not (kwargs.get("_from_pipeline") or _loading_for_a_pipeline()):
+            return cls._load_pretrained(pretrained_model_name_or_path, *model_args, strict=strict, **kwargs)
+        try:
+            return cls._load_pretrained(pretrained_model_name_or_path, *model_args, strict=strict, **kwargs)
+        except (OSError, ValueError, TypeError, RuntimeError) as err:
+            # pipeline() catches exactly these four and moves on to the class named in config.architectures
+            raise PipelineLoadError(
+                f"{type(err).__name__}: {err}\n(diffusiongemma could not load {pretrained_model_name_or_path}; the "
+                "pipeline stops here rather than retry with transformers' built-in DiffusionGemma class)"
+            ) from err
+
+    @classmethod
+    def _load_pretrained(cls, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs):
         from ..quantization.loader import compressed_tensors_folder, load_compressed_tensors_checkpoint
         from ..quantization.offload import prepare_from_pretrained_kwargs
 
