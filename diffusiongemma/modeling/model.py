@@ -131,9 +131,13 @@ class DiffusionGemmaPreTrainedModel(PreTrainedModel):
         attention_backend_for(attn_implementation)
         return super()._check_and_adjust_attn_implementation(attn_implementation, *args, **kwargs)
 
-    def _check_and_adjust_experts_implementation(self, experts_implementation, *args, **kwargs) -> str:
+    def _check_and_adjust_experts_implementation(self, experts_implementation, *args, **kwargs) -> str | None:
+        """Accept None, "grouped_mm" and "eager" (our MoE computes what the built-in does under either) and record the
+        value unchanged: transformers' own check would turn "grouped_mm" into an error (our classes do not use its
+        experts decorator) and None into "eager", which, on a config shared with the built-in class, would switch the
+        built-in off its default grouped_mm."""
         check_experts_implementation(experts_implementation)
-        return super()._check_and_adjust_experts_implementation(experts_implementation, *args, **kwargs)
+        return experts_implementation
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

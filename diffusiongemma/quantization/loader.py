@@ -25,6 +25,7 @@ from safetensors import safe_open
 from transformers.utils import cached_file
 from torch import nn
 
+from diffusiongemma.modeling.validation import check_experts_implementation
 from diffusiongemma.modeling.weights import checkpoint_names, checkpoint_shards, key_mapping_for, renamed_key
 from diffusiongemma.quantization.experts import empty_expert_lists
 from diffusiongemma.quantization.fp8 import FP8_DTYPE, FP8Linear, check_fp8_supported
@@ -61,8 +62,9 @@ def is_compressed_tensors_checkpoint(path: str) -> bool:
 HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "proxies", "subfolder")
 # Set by transformers' Auto classes and pipelines for their own bookkeeping; none of them changes what is loaded.
 AUTO_BOOKKEEPING = ("_from_auto", "_from_pipeline", "trust_remote_code", "code_revision", "low_cpu_mem_usage")
-SUPPORTED = ("dtype", "device_map", "max_memory", "offload_folder", "strict", "attn_implementation", "config",
-             "fp8_kernel", "output_loading_info", "generation_config", "use_safetensors=True") + HUB_KWARGS
+SUPPORTED = ("dtype", "device_map", "max_memory", "offload_folder", "strict", "attn_implementation",
+             "experts_implementation", "config", "fp8_kernel", "output_loading_info", "generation_config",
+             "use_safetensors=True") + HUB_KWARGS
 
 
 def compressed_tensors_folder(path, hub_kwargs: dict) -> str | None:
@@ -220,6 +222,7 @@ def load_compressed_tensors_checkpoint(
     strict: bool = True,
     output_loading_info: bool = False,
     attn_implementation: str | None = None,
+    experts_implementation: str | None = None,
     config=None,
     quantization_config=None,
     fp8_kernel: str = "auto",
@@ -239,6 +242,7 @@ def load_compressed_tensors_checkpoint(
         strict: False tolerates unexpected checkpoint tensors (missing or mis-shaped ones always raise).
         output_loading_info: also return {"missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"}.
         attn_implementation: "sdpa" (default), "eager" or "flex_attention"; anything else is a ValueError.
+        experts_implementation: None, "grouped_mm" or "eager" (all run modeling/moe.py); anything else is a ValueError.
         config: a config to use instead of path's config.json.
         fp8_kernel: FP8 matmul: "auto" (torch._scaled_mm on CUDA GPUs with FP8 tensor cores, else dequantize +
             matmul), "scaled_mm" (native only: raises at load time where the hardware lacks FP8) or "dequant".
@@ -271,6 +275,9 @@ def load_compressed_tensors_checkpoint(
     dtype = _resolve_dtype(dtype, config)
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation
+    if experts_implementation is not None:
+        check_experts_implementation(experts_implementation)
+        config._experts_implementation = experts_implementation
 
     shards = checkpoint_shards(path)
     if shards is None:

@@ -96,6 +96,14 @@ def test_options_the_loader_cannot_honour_are_errors(folder):
         DiffusionGemmaForBlockDiffusion.from_pretrained(path, dtype=torch.float32, torch_dtype=torch.bfloat16)
 
 
+def test_experts_implementation_switch(folder):
+    _, path = folder
+    model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="grouped_mm")
+    assert torch.equal(generated(model, IDS), generated(DiffusionGemmaForBlockDiffusion.from_pretrained(path), IDS))
+    with pytest.raises(ValueError, match="accepted: None, 'grouped_mm' or 'eager'.*got 'batched_mm'"):
+        DiffusionGemmaForBlockDiffusion.from_pretrained(path, experts_implementation="batched_mm")
+
+
 def test_subfolder_is_honoured(folder, tmp_path):
     preset, path = folder
     shutil.copytree(path, tmp_path / "quantized")
