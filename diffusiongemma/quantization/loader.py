@@ -297,7 +297,7 @@ def load_compressed_tensors_checkpoint(
     devices = _resolve_device_map(model, device_map, max_memory, dtype)
     if fp8_kernel == "scaled_mm" and any(s.kind == FP8_DYNAMIC for s in plan.values()):
         for device in sorted({"cpu" if d == "disk" else d for d in devices.values()}):
-            check_fp8_supported(device)  # a clear error now rather than at the first forward
+            check_fp8_supported(device, "fp8_kernel")  # a clear error now rather than at the first forward
     problems, missing = [], sorted(k for k in expected if k not in renamed and k not in tied)
     unexpected = sorted(renamed[k] for k in renamed if k not in expected)
     by_shard = defaultdict(list)

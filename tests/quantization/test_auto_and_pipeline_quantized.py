@@ -156,3 +156,11 @@ def test_bitsandbytes_through_auto_and_pipeline_gives_our_tokens(bnb_folders):
     ids = tok("hello", return_tensors="pt")["input_ids"]
     direct = ours.generate(ids, max_new_tokens=16, max_denoising_steps=3, pad_token_id=tok.pad_token_id)
     assert text == tok.decode(direct.sequences[0], skip_special_tokens=True)
+
+
+def test_native_fp8_error_names_the_loading_argument(folder):
+    preset, path = folder
+    if preset != "FP8_DYNAMIC" or (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)):
+        pytest.skip("FP8 folders on machines without FP8 tensor cores only")
+    with pytest.raises(RuntimeError, match=r"Use fp8_kernel='auto' or fp8_kernel='dequant'"):  # was: kernel='auto'
+        AutoModelForCausalLM.from_pretrained(path, fp8_kernel="scaled_mm")
