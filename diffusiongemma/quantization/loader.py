@@ -260,6 +260,9 @@ def load_compressed_tensors_checkpoint(
     """
     path = str(path)
     dtype = _checked_options(path, dtype, options)
+    if max_memory is not None and device_map not in SPLIT_MAPS:
+        raise TypeError(f"max_memory is used by the automatic device maps {SPLIT_MAPS} only, got device_map="
+                        f"{device_map!r}; pass device_map='auto' with it, or drop it")
     if quantization_config is not None:
         raise QuantizedCheckpointError(
             f"{path} is already a compressed-tensors checkpoint; passing quantization_config="

@@ -92,6 +92,8 @@ def test_options_the_loader_cannot_honour_are_errors(folder):
         AutoModelForCausalLM.from_pretrained(path, use_safetensors=False)
     with pytest.raises(TypeError, match="PEFT adapter"):
         DiffusionGemmaForBlockDiffusion.from_pretrained(path, adapter_kwargs={"_adapter_model_path": str(path)})
+    with pytest.raises(TypeError, match="max_memory is used by the automatic device maps"):
+        AutoModelForCausalLM.from_pretrained(path, max_memory={"cpu": "1GiB"})
     with pytest.raises(TypeError, match="pass only dtype"):
         DiffusionGemmaForBlockDiffusion.from_pretrained(path, dtype=torch.float32, torch_dtype=torch.bfloat16)
 
