@@ -336,7 +336,8 @@ def load_compressed_tensors_checkpoint(
 
     if len(set(devices.values())) > 1 or "disk" in devices.values():
         dispatch_model(model, device_map=devices, offload_dir=offload_folder)
-    model.hf_device_map = devices
+    if device_map is not None:  # as transformers: only a model loaded with a device_map has one (pipeline(device=)
+        model.hf_device_map = devices  # refuses to move a model that has it)
     model.eval()
     model._weight_conversions = None
     model.adjust_generation_fn(generation_config=generation_config, pretrained_model_name_or_path=path)
