@@ -97,7 +97,8 @@ def run_generate(args) -> int:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     if args.chat:
         if not getattr(tokenizer, "chat_template", None):
-            print(f"error: --chat needs a chat template, and the tokenizer in {args.model} has none", file=sys.stderr)
+            print(f"error: --chat needs a chat template, and the tokenizer in {tokenizer_path} has none",
+                  file=sys.stderr)
             return 2
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_tensors="pt",
