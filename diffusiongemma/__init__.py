@@ -2,7 +2,8 @@
 
 Importing this package registers `DiffusionGemmaForBlockDiffusion` for `AutoModelForCausalLM` with transformers'
 `DiffusionGemmaConfig`, so `AutoModelForCausalLM.from_pretrained(path)` and `pipeline("text-generation", ...)` give
-this implementation.
+this implementation, for bf16, compressed-tensors (FP8, NVFP4) and bitsandbytes checkpoints alike. A load that fails
+under `pipeline` raises `PipelineLoadError` rather than letting the pipeline retry with transformers' built-in class.
 """
 
 from transformers import AutoModelForCausalLM
@@ -16,6 +17,7 @@ from .modeling import (
     DiffusionGemmaOutput,
     DiffusionGemmaTextConfig,
 )
+from .modeling.model import PipelineLoadError
 
 AutoModelForCausalLM.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
 
@@ -28,6 +30,7 @@ __all__ = [
     "DiffusionGemmaOutput",
     "DiffusionGemmaTextConfig",
     "EntropyBoundSamplerConfig",
+    "PipelineLoadError",
     "Trace",
     "load_trace",
 ]

@@ -10,7 +10,10 @@ Each command lives in its own `add_*_command(subparsers)` function; `main` wires
 """
 
 import argparse
+import os
 import sys
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 
 def _dtype(name: str):
@@ -34,14 +37,28 @@ def positive_int(text: str) -> int:
     return value
 
 
+def has_tokenizer_files(path: str) -> bool:
+    """Whether `path` can give a tokenizer: a local folder holding tokenizer files, or a Hub id (checked on loading).
+
+    A local model folder without them must not load: transformers would quietly build a default tokenizer for the
+    model type, whose ids mean nothing to this checkpoint.
+    """
+    if not os.path.isdir(path):
+        return True
+    return any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES)
+
+
 def add_generate_command(subparsers) -> None:
     p = subparsers.add_parser(
         "generate",
         help="generate text from a prompt with a DiffusionGemma checkpoint folder",
-        description="Generate text by block diffusion. The tokenizer is read from the same folder as the model.",
+        description="Generate text by block diffusion. The tokenizer is read from the model folder, or from "
+        "--tokenizer when that folder has none. The generated text goes to stdout; progress to stderr.",
     )
     p.add_argument("prompt", help="the prompt text")
     p.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors, tokenizer files)")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer folder or Hub id, for a --model folder that has no tokenizer files")
     p.add_argument("--max-new-tokens", type=positive_int, default=None,
                    help="new tokens to generate (rounded up to whole canvases); default: the checkpoint's setting")
     p.add_argument("--steps", type=positive_int, default=None,
@@ -56,7 +73,10 @@ def add_generate_command(subparsers) -> None:
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
     p.add_argument("--show-drafts", action="store_true",
-                   help="redraw the canvas in the terminal at every denoising step to watch it converge")
+                   help="redraw the canvas in the terminal at every denoising step to watch it converge (when "
+                        "stdout is not a terminal: one plain line per draft on stderr)")
+    p.add_argument("--no-color", action="store_true",
+                   help="no ANSI colours or cursor codes, as when the output is not a terminal (also: NO_COLOR=1)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run_generate)
 
@@ -65,14 +85,21 @@ def run_generate(args) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from .generation.streamers import CanvasPrinter
+    from .generation.streamers import CanvasPrinter, is_terminal
     from .modeling import DiffusionGemmaForBlockDiffusion
 
+    tokenizer_path = args.tokenizer or args.model
+    if not has_tokenizer_files(tokenizer_path):
+        where = "--tokenizer" if args.tokenizer else "--model"
+        print(f"error: {where} {tokenizer_path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); pass "
+              "--tokenizer with the folder or Hub id of the checkpoint's tokenizer", file=sys.stderr)
+        return 2
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.model, dtype=args.dtype).to(args.device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     if args.chat:
         if not getattr(tokenizer, "chat_template", None):
-            print(f"error: --chat needs a chat template, and the tokenizer in {args.model} has none", file=sys.stderr)
+            print(f"error: --chat needs a chat template, and the tokenizer in {tokenizer_path} has none",
+                  file=sys.stderr)
             return 2
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_tensors="pt",
@@ -88,11 +115,13 @@ def run_generate(args) -> int:
         overrides["max_denoising_steps"] = args.steps
     max_new = args.max_new_tokens or model.generation_config.max_new_tokens or 256
     canvases = -(-max_new // model.canvas_length)
+    color = not args.no_color and not os.environ.get("NO_COLOR")  # https://no-color.org
     printer = CanvasPrinter(
         tokenizer, show_drafts=args.show_drafts, progress=not args.quiet, total_canvases=canvases,
-        skip_special_tokens=True,
+        ansi=color and is_terminal(sys.stdout), skip_special_tokens=True,
     )
-    progress = _ProgressLine(canvases, model.canvas_length, enabled=not args.quiet and not args.show_drafts)
+    progress = _ProgressLine(canvases, model.canvas_length, enabled=not args.quiet and not args.show_drafts,
+                             ansi=color and is_terminal(sys.stderr))
     if args.compile:
         overrides["compile"] = True
     if args.sampling == "fast":
@@ -108,35 +137,37 @@ def run_generate(args) -> int:
 
 
 class _ProgressLine:
-    """"canvas k/n, step s, tokens/forward t" on stderr, rewritten in place.
+    """Progress on stderr: "[canvas k/n, step s, tokens/forward t]".
 
+    On a terminal (`ansi`) the line is rewritten in place at every step and erased at the end. Otherwise (a file, a
+    pipe, --no-color) one plain line is written per committed canvas: "[canvas k/n done, s steps, tokens/forward t]".
     tokens/forward is the committed tokens per denoising pass so far (canvas length x canvases / passes).
     """
 
-    def __init__(self, total: int, canvas_length: int, enabled: bool):
-        self.total, self.canvas_length, self.enabled = total, canvas_length, enabled
+    def __init__(self, total: int, canvas_length: int, enabled: bool, ansi: bool = True):
+        self.total, self.canvas_length, self.enabled, self.ansi = total, canvas_length, enabled, ansi
         self.canvas, self.step, self.passes = 0, 0, 0
 
-    def _show(self) -> None:
-        if not self.enabled:
-            return
-        rate = f", tokens/forward {self.canvas * self.canvas_length / self.passes:.2f}" if self.passes else ""
-        print(f"\r\x1b[K[canvas {min(self.canvas + 1, self.total)}/{self.total}, step {self.step}{rate}]", end="",
-              file=sys.stderr, flush=True)
+    def _rate(self) -> str:
+        return f", tokens/forward {self.canvas * self.canvas_length / self.passes:.2f}" if self.passes else ""
 
     def put_draft(self, value=None, logits=None):
         self.step += 1
-        self._show()
+        if self.enabled and self.ansi:
+            print(f"\r\x1b[K[canvas {self.canvas + 1}/{self.total}, step {self.step}{self._rate()}]", end="",
+                  file=sys.stderr, flush=True)
 
     def put(self, value):
         if self.step:  # a committed canvas (the first put is the prompt)
             self.canvas += 1
             self.passes += self.step
+            if self.enabled and not self.ansi:
+                print(f"[canvas {self.canvas}/{self.total} done, {self.step} steps{self._rate()}]", file=sys.stderr,
+                      flush=True)
             self.step = 0
-            self._show()
 
     def end(self):
-        if self.enabled:
+        if self.enabled and self.ansi:
             print("\r\x1b[K", end="", file=sys.stderr, flush=True)
 
 

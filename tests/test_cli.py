@@ -87,8 +87,9 @@ def test_generate_chat_show_drafts_and_progress(saved_pair, capsys):
     assert main(["generate", "--model", str(path), "--max-new-tokens", "32", "--steps", "2", "--chat",
                  "--show-drafts", "--dtype", "float32", "hi"]) == 0
     captured = capsys.readouterr()
-    assert "[canvas 1/2, step 1]" in captured.out
+    assert "[canvas 1/2, step 1] " in captured.err  # not a terminal: one plain line per draft on stderr
     assert "tokens per forward" in captured.err
+    assert "[canvas" not in captured.out and "\x1b" not in captured.out + captured.err
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -136,5 +137,5 @@ def test_python_m_diffusiongemma_runs_the_command_line(tmp_path):
 def test_progress_line_shows_canvas_step_and_rate(saved_pair, capsys):
     path, _, _ = saved_pair
     assert main(["generate", "--model", str(path), "--max-new-tokens", "32", "--steps", "2", "x"]) == 0
-    err = capsys.readouterr().err
-    assert "[canvas 1/2, step 1]" in err and "[canvas 2/2, step 1, tokens/forward" in err
+    err = capsys.readouterr().err  # not a terminal: one plain line per committed canvas
+    assert "[canvas 1/2 done, 2 steps, tokens/forward 8.00]\n[canvas 2/2 done, 2 steps, tokens/forward" in err

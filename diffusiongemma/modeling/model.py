@@ -10,6 +10,7 @@ Module paths mirror the checkpoint so weights load and save without renaming (sp
 Legend: B batch, P prompt tokens, L canvas length, S cached slots, H hidden, V vocab.
 """
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -98,6 +99,23 @@ class DiffusionGemmaModel(nn.Module):
         self.encoder = DiffusionGemmaEncoderParts(config)
 
 
+def _loading_for_a_pipeline() -> bool:
+    """Whether transformers' `pipeline()` is loading the model: its `load_model` is on the call stack. (The
+    `_from_pipeline` flag it sets does not reach us through `AutoModelForCausalLM`: the Auto class's config loading
+    consumes it.)"""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "load_model" and frame.f_globals.get("__name__") == "transformers.pipelines.base":
+            return True
+        frame = frame.f_back
+    return False
+
+
+class PipelineLoadError(Exception):
+    """`from_pretrained` failed under `pipeline(...)`. Deliberately not a ValueError / TypeError / OSError /
+    RuntimeError: the pipeline catches those and retries with the built-in class named in `config.architectures`."""
+
+
 class DiffusionGemmaPreTrainedModel(PreTrainedModel):
     config_class = DiffusionGemmaConfig
     base_model_prefix = "model"
@@ -113,9 +131,13 @@ class DiffusionGemmaPreTrainedModel(PreTrainedModel):
         attention_backend_for(attn_implementation)
         return super()._check_and_adjust_attn_implementation(attn_implementation, *args, **kwargs)
 
-    def _check_and_adjust_experts_implementation(self, experts_implementation, *args, **kwargs) -> str:
+    def _check_and_adjust_experts_implementation(self, experts_implementation, *args, **kwargs) -> str | None:
+        """Accept None, "grouped_mm" and "eager" (our MoE computes what the built-in does under either) and record the
+        value unchanged: transformers' own check would turn "grouped_mm" into an error (our classes do not use its
+        experts decorator) and None into "eager", which, on a config shared with the built-in class, would switch the
+        built-in off its default grouped_mm."""
         check_experts_implementation(experts_implementation)
-        return super()._check_and_adjust_experts_implementation(experts_implementation, *args, **kwargs)
+        return experts_implementation
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -363,8 +385,26 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         * checkpoints with the text weights under `model.encoder.language_model.*` are renamed on the fly;
         * `strict=True` (default): missing, mis-shaped or unexpected weights raise a ValueError naming the keys
           instead of being silently initialized at random;
-        * compressed-tensors FP8 / NVFP4 checkpoints load compressed (`diffusiongemma.quantization.loader`).
+        * compressed-tensors FP8 / NVFP4 checkpoints load compressed (`diffusiongemma.quantization.loader`), also
+          through `AutoModelForCausalLM` and `pipeline("text-generation", model=path)`.
+
+        Raises:
+            PipelineLoadError: loading failed under `pipeline(...)`, which would otherwise retry with transformers'
+                built-in class (and, for a compressed-tensors checkpoint, random weights).
         """
+        if not (kwargs.get("_from_pipeline") or _loading_for_a_pipeline()):
+            return cls._load_pretrained(pretrained_model_name_or_path, *model_args, strict=strict, **kwargs)
+        try:
+            return cls._load_pretrained(pretrained_model_name_or_path, *model_args, strict=strict, **kwargs)
+        except (OSError, ValueError, TypeError, RuntimeError) as err:
+            # pipeline() catches exactly these four and moves on to the class named in config.architectures
+            raise PipelineLoadError(
+                f"{type(err).__name__}: {err}\n(diffusiongemma could not load {pretrained_model_name_or_path}; the "
+                "pipeline stops here rather than retry with transformers' built-in DiffusionGemma class)"
+            ) from err
+
+    @classmethod
+    def _load_pretrained(cls, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs):
         from ..quantization.loader import compressed_tensors_folder, load_compressed_tensors_checkpoint
         from ..quantization.offload import prepare_from_pretrained_kwargs
 

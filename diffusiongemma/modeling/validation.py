@@ -125,6 +125,7 @@ def check_forward_inputs(
 
 # transformers' `attn_implementation` names -> the backends of modeling/attention.py (None: transformers' default)
 ATTN_IMPLEMENTATIONS = {"eager": "eager", "sdpa": "sdpa", "flex_attention": "flex"}
+EXPERTS_IMPLEMENTATIONS = (None, "grouped_mm", "eager")  # all run modeling/moe.py; see check_experts_implementation
 
 
 def attention_backend_for(attn_implementation: str | None) -> str:
@@ -144,11 +145,20 @@ def attention_backend_for(attn_implementation: str | None) -> str:
 
 
 def check_experts_implementation(experts_implementation: str | None) -> None:
-    """Our experts run one implementation of their own (modeling/moe.py), so transformers' `experts_implementation`
-    choices ("grouped_mm", "batched_mm", ...) would be ignored: only None and "eager" (what transformers records when
-    nothing was asked) are accepted."""
-    if experts_implementation not in (None, "eager"):
+    """Accept transformers' `experts_implementation` switch where our experts compute the same thing.
+
+    Our experts (modeling/moe.py) pick, per call, the arithmetic of the built-in's "grouped_mm" path where that kernel
+    runs (CPU or CUDA sm80+, 16-byte aligned rows) and of its "eager" loop elsewhere, so None, "grouped_mm" and
+    "eager" are all accepted and all mean that. The built-in's constructor records "grouped_mm" on the config it is
+    given, so a config shared with the built-in class arrives here with it set.
+
+    Raises:
+        ValueError: for any other value ("batched_mm", the FP8 expert kernels, ...), which has no counterpart here.
+    """
+    if experts_implementation not in EXPERTS_IMPLEMENTATIONS:
         raise ValueError(
-            "`experts_implementation` cannot be chosen for DiffusionGemmaForBlockDiffusion: its experts always run "
-            f"diffusiongemma's own grouped matmul (modeling/moe.py); got {experts_implementation!r}. Leave it unset."
+            "`experts_implementation` cannot be chosen for DiffusionGemmaForBlockDiffusion: its experts run "
+            "diffusiongemma's own MoE (modeling/moe.py), which picks the built-in's grouped_mm arithmetic where that "
+            "kernel runs and its eager loop elsewhere; accepted: None, 'grouped_mm' or 'eager' (all mean that), got "
+            f"{experts_implementation!r}."
         )

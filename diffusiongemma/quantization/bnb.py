@@ -8,14 +8,21 @@ model (use the FP8 / NVFP4 compressed-tensors checkpoints for that). By default 
 the compressed-tensors releases keep: lm_head (tied to the embeddings), the routers (a flipped top-k changes which
 experts run), self-conditioning, the vision tower and its projector.
 
+Logs: loading through our `from_pretrained` keeps bitsandbytes to at most one line: its import-time warning about an
+optional Hub kernel goes to the debug log, and its per-matmul "inputs will be cast to float16" warning is shown once.
+
 Hardware: bitsandbytes >= 0.45 has CPU kernels for 8-bit and 4-bit; the 4-bit CPU path needs every quantized
 in_features to be a multiple of the block size (64). CUDA is needed for the fast kernels and for 8-bit outlier
 (LLM.int8 threshold) decomposition at speed.
 """
 
 import copy
+import logging
+import sys
 
 from transformers import BitsAndBytesConfig
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_SKIP_MODULES = ["lm_head", r".*\.router", r".*\.self_conditioning", r".*\.vision_tower", r".*\.embed_vision"]
 
@@ -32,3 +39,60 @@ def with_diffusiongemma_defaults(config: BitsAndBytesConfig) -> BitsAndBytesConf
     config = copy.deepcopy(config)
     config.llm_int8_skip_modules = list(DEFAULT_SKIP_MODULES)
     return config
+
+
+CAST_WARNING = "MatMul8bitLt: inputs will be cast"  # bitsandbytes logs it on every 8-bit matmul of a non-fp16 input
+KERNEL_WARNING = "Failed to load CPU gemm_4bit_forward from kernels-community"  # logged when bitsandbytes is imported
+
+
+class _Once(logging.Filter):
+    """Passes the first record whose message starts with `prefix`, drops the later ones; other records pass."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix, self.seen = prefix, False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self.prefix):
+            return True
+        if self.seen:
+            return False
+        self.seen = True
+        return True
+
+
+class _Drop(logging.Filter):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith(self.prefix):
+            logger.debug("bitsandbytes: %s", record.getMessage())
+            return False
+        return True
+
+
+def import_bitsandbytes_quietly() -> None:
+    """Import bitsandbytes (if it is not imported yet) without its warning that an optional faster CPU 4-bit kernel
+    could not be fetched from the Hub's kernels-community (the message goes to this module's debug log instead)."""
+    if "bitsandbytes" in sys.modules:
+        return
+    ops_logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    drop = _Drop(KERNEL_WARNING)
+    ops_logger.addFilter(drop)
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        pass  # transformers' quantizer reports the missing package with its install hint
+    finally:
+        ops_logger.removeFilter(drop)
+
+
+def log_cast_warning_once() -> None:
+    """bitsandbytes' 8-bit matmul logs "inputs will be cast ... to float16" on every call whose input is not fp16
+    (about 1,300 lines for one 32-token generate in fp32); the cast itself is how LLM.int8 works. Keep the first line
+    and drop the repeats (only that message, on bitsandbytes' autograd logger)."""
+    cast_logger = logging.getLogger("bitsandbytes.autograd._functions")
+    if not any(isinstance(f, _Once) for f in cast_logger.filters):
+        cast_logger.addFilter(_Once(CAST_WARNING))

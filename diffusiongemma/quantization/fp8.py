@@ -102,7 +102,7 @@ def native_fp8_available(device: torch.device | str) -> bool:
     return torch.cuda.get_device_capability(device) >= FP8_MIN_CAPABILITY
 
 
-def check_fp8_supported(device: torch.device | str) -> None:
+def check_fp8_supported(device: torch.device | str, argument: str = "kernel") -> None:
     """Raise if native FP8 matmuls (`torch._scaled_mm`) cannot run on `device`.
 
     Use it when a user explicitly asks for the native kernel; the default path needs no check because it falls
@@ -110,13 +110,15 @@ def check_fp8_supported(device: torch.device | str) -> None:
 
     Args:
         device: the device the matmul would run on.
+        argument: the caller's name for the kernel choice, named in the message (`FP8Linear(kernel=...)`,
+            `from_pretrained(fp8_kernel=...)`).
 
     Raises:
         RuntimeError: naming the device found, what is supported and what to do instead.
     """
     device = torch.device(device)
     fix = (
-        "Use kernel='auto' or kernel='dequant' (dequantizes the FP8 weights per call; works on any device), "
+        f"Use {argument}='auto' or {argument}='dequant' (dequantizes the FP8 weights per call; works on any device), "
         "or run on an Ada (L4, L40, RTX 40xx), Hopper (H100, H200) or Blackwell GPU."
     )
     need = "it needs a CUDA GPU with FP8 tensor cores (compute capability >= {}.{})".format(*FP8_MIN_CAPABILITY)

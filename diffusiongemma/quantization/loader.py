@@ -25,6 +25,7 @@ from safetensors import safe_open
 from transformers.utils import cached_file
 from torch import nn
 
+from diffusiongemma.modeling.validation import check_experts_implementation
 from diffusiongemma.modeling.weights import checkpoint_names, checkpoint_shards, key_mapping_for, renamed_key
 from diffusiongemma.quantization.experts import empty_expert_lists
 from diffusiongemma.quantization.fp8 import FP8_DTYPE, FP8Linear, check_fp8_supported
@@ -58,26 +59,61 @@ def is_compressed_tensors_checkpoint(path: str) -> bool:
     return isinstance(raw, dict) and raw.get("quant_method") == "compressed-tensors"
 
 
-HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "proxies")
+HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "proxies", "subfolder")
+# Set by transformers' Auto classes and pipelines for their own bookkeeping; none of them changes what is loaded.
+AUTO_BOOKKEEPING = ("_from_auto", "_from_pipeline", "trust_remote_code", "code_revision", "low_cpu_mem_usage")
+SUPPORTED = ("dtype", "device_map", "max_memory", "offload_folder", "strict", "attn_implementation",
+             "experts_implementation", "config", "fp8_kernel", "output_loading_info", "generation_config",
+             "use_safetensors=True") + HUB_KWARGS
 
 
 def compressed_tensors_folder(path, hub_kwargs: dict) -> str | None:
-    """The local folder of a compressed-tensors checkpoint given as a folder or a Hub repo id, else None.
+    """The local folder of a compressed-tensors checkpoint given as a folder or a Hub repo id (and `subfolder`, if
+    `hub_kwargs` has one), else None.
 
     For a repo id only config.json is fetched first; the safetensors, tokenizer and generation files follow
     (`snapshot_download`) only when its quantization_config is compressed-tensors.
     """
-    path = str(path)
+    path, subfolder = str(path), hub_kwargs.get("subfolder") or ""
     if os.path.isdir(path):
-        return path if is_compressed_tensors_checkpoint(path) else None
-    hub = {k: v for k, v in hub_kwargs.items() if k in HUB_KWARGS and v is not None}
+        folder = os.path.join(path, subfolder) if subfolder else path
+        return folder if is_compressed_tensors_checkpoint(folder) else None
+    hub = {k: v for k, v in hub_kwargs.items() if k in HUB_KWARGS and k != "subfolder" and v is not None}
     try:
-        config_file = cached_file(path, "config.json", _raise_exceptions_for_missing_entries=False, **hub)
+        config_file = cached_file(path, "config.json", subfolder=subfolder,
+                                  _raise_exceptions_for_missing_entries=False, **hub)
     except (OSError, ValueError):
         return None  # not a reachable repo: let transformers' loader report it
     if config_file is None or not is_compressed_tensors_checkpoint(os.path.dirname(config_file)):
         return None
-    return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"], **hub)
+    patterns = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
+    if subfolder:
+        patterns = [f"{subfolder}/{p}" for p in patterns]
+    return os.path.join(snapshot_download(path, allow_patterns=patterns, **hub), subfolder)
+
+
+def _checked_options(path: str, dtype, options: dict):
+    """`dtype` (with transformers' older `torch_dtype` alias folded in) after checking that every other option in
+    `options` is one this loader honours; anything else is a TypeError, never silently dropped."""
+    options = dict(options)
+    if "torch_dtype" in options:
+        torch_dtype = options.pop("torch_dtype")
+        if dtype is not None and torch_dtype is not None and dtype != torch_dtype:
+            raise TypeError(f"from_pretrained() of {path} got both dtype={dtype} and torch_dtype={torch_dtype}; "
+                            "pass only dtype")
+        dtype = torch_dtype if dtype is None else dtype
+    adapter = options.pop("adapter_kwargs", None) or {}
+    if "_adapter_model_path" in adapter:  # transformers' Auto class found a PEFT adapter_config.json
+        raise TypeError(f"{path} holds a PEFT adapter; adapters on top of a compressed-tensors checkpoint are not "
+                        "supported. Load the adapter's base model in bf16, or merge the adapter before quantizing.")
+    if options.pop("use_safetensors", None) is False:
+        raise TypeError(f"use_safetensors=False: the compressed-tensors checkpoint {path} is loaded from its "
+                        "safetensors files only")
+    unsupported = sorted(set(options) - set(HUB_KWARGS) - set(AUTO_BOOKKEEPING))
+    if unsupported:
+        raise TypeError(f"from_pretrained() of the compressed-tensors checkpoint {path} does not support "
+                        f"{unsupported}; supported: {', '.join(SUPPORTED)}")
+    return dtype
 
 
 def _checkpoint_name(key: str, mapping: dict[str, str] | None) -> str:
@@ -186,10 +222,12 @@ def load_compressed_tensors_checkpoint(
     strict: bool = True,
     output_loading_info: bool = False,
     attn_implementation: str | None = None,
+    experts_implementation: str | None = None,
     config=None,
     quantization_config=None,
     fp8_kernel: str = "auto",
-    **hub_kwargs,
+    generation_config=None,
+    **options,
 ):
     """Build `cls` with compressed FP8 / NVFP4 Linears and stream the checkpoint's tensors into it.
 
@@ -204,10 +242,15 @@ def load_compressed_tensors_checkpoint(
         strict: False tolerates unexpected checkpoint tensors (missing or mis-shaped ones always raise).
         output_loading_info: also return {"missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"}.
         attn_implementation: "sdpa" (default), "eager" or "flex_attention"; anything else is a ValueError.
+        experts_implementation: None, "grouped_mm" or "eager" (all run modeling/moe.py); anything else is a ValueError.
         config: a config to use instead of path's config.json.
         fp8_kernel: FP8 matmul: "auto" (torch._scaled_mm on CUDA GPUs with FP8 tensor cores, else dequantize +
             matmul), "scaled_mm" (native only: raises at load time where the hardware lacks FP8) or "dequant".
         quantization_config: must be None; the checkpoint's own config is used.
+        generation_config: a `GenerationConfig` to use instead of path's generation_config.json.
+        options: Hub arguments (`HUB_KWARGS`; `path` is already local, so they have been used by then), the
+            `torch_dtype` alias of `dtype`, and what transformers' Auto classes and pipelines add (`AUTO_BOOKKEEPING`,
+            `adapter_kwargs` without an adapter). Anything else is a TypeError.
 
     Returns:
         The model in eval mode (and the loading info when asked).
@@ -216,12 +259,10 @@ def load_compressed_tensors_checkpoint(
         QuantizedCheckpointError: unsupported scheme, or missing / mis-shaped / (strict) unexpected tensors.
     """
     path = str(path)
-    # Settings that only matter for transformers' own loading path (we always stream tensor by tensor).
-    unsupported = sorted(set(hub_kwargs) - set(HUB_KWARGS) - {"low_cpu_mem_usage", "use_safetensors", "trust_remote_code"})
-    if unsupported:
-        raise TypeError(f"from_pretrained() of the compressed-tensors checkpoint {path} does not support {unsupported}; "
-                        "supported: dtype, device_map, max_memory, offload_folder, strict, attn_implementation, "
-                        "config, fp8_kernel, output_loading_info")
+    dtype = _checked_options(path, dtype, options)
+    if max_memory is not None and device_map not in SPLIT_MAPS:
+        raise TypeError(f"max_memory is used by the automatic device maps {SPLIT_MAPS} only, got device_map="
+                        f"{device_map!r}; pass device_map='auto' with it, or drop it")
     if quantization_config is not None:
         raise QuantizedCheckpointError(
             f"{path} is already a compressed-tensors checkpoint; passing quantization_config="
@@ -237,6 +278,9 @@ def load_compressed_tensors_checkpoint(
     dtype = _resolve_dtype(dtype, config)
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation
+    if experts_implementation is not None:
+        check_experts_implementation(experts_implementation)
+        config._experts_implementation = experts_implementation
 
     shards = checkpoint_shards(path)
     if shards is None:
@@ -256,7 +300,7 @@ def load_compressed_tensors_checkpoint(
     devices = _resolve_device_map(model, device_map, max_memory, dtype)
     if fp8_kernel == "scaled_mm" and any(s.kind == FP8_DYNAMIC for s in plan.values()):
         for device in sorted({"cpu" if d == "disk" else d for d in devices.values()}):
-            check_fp8_supported(device)  # a clear error now rather than at the first forward
+            check_fp8_supported(device, "fp8_kernel")  # a clear error now rather than at the first forward
     problems, missing = [], sorted(k for k in expected if k not in renamed and k not in tied)
     unexpected = sorted(renamed[k] for k in renamed if k not in expected)
     by_shard = defaultdict(list)
@@ -292,10 +336,11 @@ def load_compressed_tensors_checkpoint(
 
     if len(set(devices.values())) > 1 or "disk" in devices.values():
         dispatch_model(model, device_map=devices, offload_dir=offload_folder)
-    model.hf_device_map = devices
+    if device_map is not None:  # as transformers: only a model loaded with a device_map has one (pipeline(device=)
+        model.hf_device_map = devices  # refuses to move a model that has it)
     model.eval()
     model._weight_conversions = None
-    model.adjust_generation_fn(pretrained_model_name_or_path=path)
+    model.adjust_generation_fn(generation_config=generation_config, pretrained_model_name_or_path=path)
     if output_loading_info:
         return model, {"missing_keys": set(), "unexpected_keys": set(unexpected), "mismatched_keys": set(),
                        "error_msgs": []}

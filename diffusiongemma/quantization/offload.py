@@ -54,6 +54,8 @@ def pinned_device_map(model: nn.Module, device_map: str, max_memory: dict | None
     Returns:
         {module name: device or "disk"}.
     """
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()  # lm_head shares the embedding: size it once (and accelerate warns about untied weights)
     no_split = list(getattr(model, "_no_split_modules", None) or [])
     if device_map != "sequential":
         max_memory = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=no_split, dtype=dtype,
@@ -80,7 +82,8 @@ def device_map_for_checkpoint(cls, config, device_map: str, max_memory: dict | N
 
 
 def prepare_from_pretrained_kwargs(cls, path, kwargs: dict) -> dict:
-    """`from_pretrained` kwargs with our defaults: pinned automatic device maps, bitsandbytes skip list."""
+    """`from_pretrained` kwargs with our defaults: pinned automatic device maps, bitsandbytes skip list (and its
+    logs kept to one line: `quantization.bnb`)."""
     kwargs = dict(kwargs)
     if isinstance(kwargs.get("device_map"), str) and kwargs["device_map"] in SPLIT_MAPS:
         config = kwargs.get("config") or cls.config_class.from_pretrained(path)
@@ -91,4 +94,23 @@ def prepare_from_pretrained_kwargs(cls, path, kwargs: dict) -> dict:
         from diffusiongemma.quantization.bnb import with_diffusiongemma_defaults
 
         kwargs["quantization_config"] = with_diffusiongemma_defaults(quantization)
+    if _uses_bitsandbytes(path, kwargs):
+        from diffusiongemma.quantization.bnb import import_bitsandbytes_quietly, log_cast_warning_once
+
+        import_bitsandbytes_quietly()
+        log_cast_warning_once()
     return kwargs
+
+
+def _uses_bitsandbytes(path, kwargs: dict) -> bool:
+    """A BitsAndBytesConfig argument, or a config (given, or path's config.json) saved with one."""
+    from diffusiongemma.quantization.loader import read_quantization_config
+
+    config = kwargs.get("config")
+    for quantization in (kwargs.get("quantization_config"), getattr(config, "quantization_config", None),
+                         read_quantization_config(path) if config is None else None):
+        if type(quantization).__name__ == "BitsAndBytesConfig":
+            return True
+        if isinstance(quantization, dict) and quantization.get("quant_method") == "bitsandbytes":
+            return True
+    return False

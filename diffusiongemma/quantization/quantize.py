@@ -206,6 +206,21 @@ def quantize_model(model: nn.Module, scheme: str, calibration: list[torch.Tensor
     return qconfig, plan, input_scales, weight_scales
 
 
+def check_not_quantized(src: str) -> None:
+    """ValueError if `src`'s config.json has a `quantization_config`: its Linears would load compressed (FP8 / NVFP4)
+    or as bitsandbytes modules, none of which is a plain Linear to quantize, and re-quantizing rounded weights
+    compounds the error."""
+    from diffusiongemma.quantization.loader import read_quantization_config
+
+    raw = read_quantization_config(src)
+    if raw is None:
+        return
+    kind = raw.get("quant_method", "unknown method") if isinstance(raw, dict) else type(raw).__name__
+    fmt = f", format {raw['format']}" if isinstance(raw, dict) and raw.get("format") else ""
+    raise ValueError(f"{src} is already quantized ({kind}{fmt}); quantize the unquantized (bf16) checkpoint it was "
+                     "made from instead")
+
+
 def quantize_checkpoint(src: str, dst: str, scheme: str, prompts: list[str] | None = None,
                         max_shard_bytes: int = 5 * 2**30) -> dict:
     """`diffusiongemma quantize`: read the dense checkpoint folder `src`, write a compressed one to `dst`.
@@ -227,6 +242,7 @@ def quantize_checkpoint(src: str, dst: str, scheme: str, prompts: list[str] | No
 
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; supported: {', '.join(SCHEMES)}")
+    check_not_quantized(src)
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(src).eval()
     calibration, source = None, None
     if scheme == NVFP4:

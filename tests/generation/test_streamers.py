@@ -56,7 +56,7 @@ def test_canvas_printer_redraws_drafts_and_prints_text():
     model = tiny_model()
     tok = tiny_tokenizer()
     buf = io.StringIO()
-    printer = CanvasPrinter(tok, show_drafts=True, total_canvases=1, stream=buf)
+    printer = CanvasPrinter(tok, show_drafts=True, total_canvases=1, stream=buf, ansi=True)  # as on a terminal
     torch.manual_seed(0)
     out = model.generate(torch.tensor([tok("hi")["input_ids"]]), max_new_tokens=16, max_denoising_steps=3,
                          streamer=printer)

@@ -171,6 +171,7 @@ def test_freeze_router():
     assert all(p.grad is None for n, p in model.named_parameters() if ".router." in n)
 
 
+@pytest.mark.filterwarnings("error::FutureWarning")  # `gradient_checkpointing=True` is deprecated in TrainingArguments
 def test_trainer_runs_with_checkpointing(tmp_path):
     from transformers import Trainer, TrainingArguments
 
@@ -179,7 +180,7 @@ def test_trainer_runs_with_checkpointing(tmp_path):
     rows = [{"input_ids": i, "labels": lab} for i, lab in zip(input_ids, labels)]
     args = TrainingArguments(
         output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2, learning_rate=1e-3, report_to=[],
-        use_cpu=True, gradient_checkpointing=True, save_strategy="no", logging_steps=1, disable_tqdm=True,
+        use_cpu=True, activation_checkpointing=True, save_strategy="no", logging_steps=1, disable_tqdm=True,
     )
     before = model.get_decoder().layers[0].self_attn.q_proj.weight.detach().clone()
     trainer = Trainer(model=model, args=args, train_dataset=rows)
