@@ -363,6 +363,25 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         except (ValueError, TypeError, AttributeError) as error:  # not a dict of fields, or a field out of range
             raise ValueError(f"invalid generation_config.json in {pretrained_model_name_or_path}: {error}") from None
 
+    def save_pretrained(self, save_directory, *args, overwrite: bool = True, **kwargs) -> None:
+        """transformers' `save_pretrained`, written atomically (`diffusiongemma.io.atomic_folder`): into a temporary
+        sibling first, then swapped into place, so an interrupted save leaves the previous checkpoint complete, and no
+        stale weight file of the previous checkpoint survives (files that are not part of a checkpoint, such as a
+        tokenizer, are kept).
+
+        Args:
+            overwrite: replace a folder that already holds a checkpoint (True, as transformers does: training loops
+                re-save into the same folder); False refuses it with a FileExistsError.
+        Raises:
+            NotADirectoryError: `save_directory` is a file (transformers would only log and return).
+        """
+        from ..io.atomic import atomic_folder
+
+        if kwargs.get("push_to_hub") and "repo_id" not in kwargs:
+            kwargs["repo_id"] = os.path.basename(os.path.abspath(save_directory))
+        with atomic_folder(save_directory, overwrite=overwrite) as work:
+            super().save_pretrained(work, *args, **kwargs)
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs):
         """transformers' `from_pretrained` (dtype, device_map, sharded safetensors, quantization_config, ...), plus:
