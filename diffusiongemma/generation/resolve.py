@@ -180,6 +180,9 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
     sc_logits = rest.get("self_conditioning_logits")
     if sc_logits is not None and tuple(sc_logits.shape) != (B, L, V):
         raise ValueError(f"`self_conditioning_logits` must have shape [{B}, {L}, {V}], got {list(sc_logits.shape)}")
+    if sc_logits is not None and (not sc_logits.dtype.is_floating_point or not bool(sc_logits.isfinite().all())):
+        raise ValueError(f"`self_conditioning_logits` must be finite floats (no NaN or Inf), got dtype "
+                         f"{sc_logits.dtype}" + (" with non-finite entries" if sc_logits.dtype.is_floating_point else ""))
     if sampling not in SAMPLERS:
         raise ValueError(f"`sampling` must be one of {sorted(SAMPLERS)}, got {sampling!r}")
     fast = sampling == "fast"

@@ -103,3 +103,23 @@ def test_pure_functions_on_hand_built_logits():
     raise_for_faults([FINE, FINE], 3, 0)  # nothing to report
     with pytest.raises(NonFiniteLogitsError, match=r"step 4 of canvas 2, batch rows \[7\]: the model"):
         raise_for_faults([FINE, MODEL], 4, 2, rows=[3, 7])
+
+
+@pytest.mark.parametrize("mode", MODES, ids=["reference", "lockstep", "mixed"])
+def test_nan_fp8_weight_scale_names_the_model(tmp_path_factory, mode):
+    """The issue's case: one NaN in an FP8 `weight_scale` of a quantized checkpoint."""
+    from safetensors.torch import load_file, save_file
+
+    from diffusiongemma import DiffusionGemmaForBlockDiffusion
+    from diffusiongemma.quantization.quantize import quantize_checkpoint
+
+    root = tmp_path_factory.mktemp("fp8nan")
+    tiny_model(seed=6).save_pretrained(root / "dense")
+    quantize_checkpoint(str(root / "dense"), str(root / "fp8"), "fp8-dynamic")
+    tensors = load_file(root / "fp8" / "model.safetensors")
+    key = next(k for k in tensors if k.endswith("self_attn.o_proj.weight_scale"))
+    tensors[key][0] = float("nan")
+    save_file(tensors, str(root / "fp8" / "model.safetensors"), metadata={"format": "pt"})
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(root / "fp8")
+    with pytest.raises(NonFiniteLogitsError, match="step 1 of canvas 0.*model's logits hold NaN or Inf"):
+        model.generate(IDS, **mode, **KW)

@@ -99,3 +99,13 @@ def test_bad_input_ids(model, ids, message, mode):
 def test_int32_ids_run(model):
     out = model.generate(IDS.int(), sampling="fast", seed=0, **KW)
     assert out.sequences.shape == (2, 20)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nonfinite_self_conditioning_logits(model, value):
+    logits = torch.zeros(1, 16, 128)
+    logits[0, 3, 7] = value
+    with pytest.raises(ValueError, match="`self_conditioning_logits` must be finite floats .* non-finite entries"):
+        model.generate(IDS[1:], self_conditioning_logits=logits, **KW)
+    with pytest.raises(ValueError, match="got dtype torch.int64"):
+        model.generate(IDS[1:], self_conditioning_logits=torch.zeros(1, 16, 128, dtype=torch.long), **KW)
