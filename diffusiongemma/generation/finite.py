@@ -41,8 +41,12 @@ class NonFiniteLogitsError(ValueError):
 
 
 def model_logits_bad(logits: torch.Tensor) -> torch.Tensor:
-    """[B', L, V] -> [B'] bool: the row holds a NaN or an infinity (the LM head never yields -inf legitimately)."""
-    return ~logits.isfinite().flatten(1).all(dim=1)
+    """[B', L, V] -> [B'] bool: the row holds a NaN or an infinity (the LM head never yields -inf legitimately).
+
+    One min/max reduction over the vocabulary (a NaN makes both NaN), so no [B', L, V] temporary is made
+    (`isfinite` would build one from `abs`)."""
+    low, high = torch.aminmax(logits, dim=-1)  # [B', L] each
+    return ~(low.isfinite() & high.isfinite()).all(dim=-1)
 
 
 def processed_scores_bad(scores, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
