@@ -43,10 +43,11 @@ class NonFiniteLogitsError(ValueError):
 def model_logits_bad(logits: torch.Tensor) -> torch.Tensor:
     """[B', L, V] -> [B'] bool: the row holds a NaN or an infinity (the LM head never yields -inf legitimately).
 
-    One min/max reduction over the vocabulary (a NaN makes both NaN), so no [B', L, V] temporary is made
-    (`isfinite` would build one from `abs`)."""
-    low, high = torch.aminmax(logits, dim=-1)  # [B', L] each
-    return ~(low.isfinite() & high.isfinite()).all(dim=-1)
+    One sum over the vocabulary: a NaN or an infinity anywhere makes the sum NaN or infinite. It is a single
+    memory-bound pass with no [B', L, V] temporary (`isfinite` builds one from `abs`; `aminmax` is ten times slower
+    on CPU). A sum of finite fp32 logits overflows only if they average above ~1e33 in size, which no LM head produces
+    (with softcapping they are bounded by the cap), so it never fires on sane logits."""
+    return ~logits.sum(dim=-1).isfinite().all(dim=-1)  # [B', L] -> [B']
 
 
 def processed_scores_bad(scores, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
