@@ -181,8 +181,9 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
     if sc_logits is not None and tuple(sc_logits.shape) != (B, L, V):
         raise ValueError(f"`self_conditioning_logits` must have shape [{B}, {L}, {V}], got {list(sc_logits.shape)}")
     if sc_logits is not None and (not sc_logits.dtype.is_floating_point or not bool(sc_logits.isfinite().all())):
+        what = " with non-finite entries" if sc_logits.dtype.is_floating_point else ""
         raise ValueError(f"`self_conditioning_logits` must be finite floats (no NaN or Inf), got dtype "
-                         f"{sc_logits.dtype}" + (" with non-finite entries" if sc_logits.dtype.is_floating_point else ""))
+                         f"{sc_logits.dtype}{what}")
     if sampling not in SAMPLERS:
         raise ValueError(f"`sampling` must be one of {sorted(SAMPLERS)}, got {sampling!r}")
     fast = sampling == "fast"

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from transformers import DiffusionGemmaConfig
 from transformers.models.diffusion_gemma.configuration_diffusion_gemma import DiffusionGemmaTextConfig
 
-__all__ = ["DiffusionGemmaConfig", "DiffusionGemmaTextConfig", "LayerShape", "check_config", "check_model_folder", "layer_shape"]
+__all__ = ["DiffusionGemmaConfig", "DiffusionGemmaTextConfig", "LayerShape", "check_config", "check_model_folder",
+           "layer_shape"]
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
