@@ -208,13 +208,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+TRACEBACK_ENV = "DIFFUSIONGEMMA_TRACEBACK"
+
+
+def one_line_error(error: BaseException) -> str:
+    """`error: <message>` on one line; the exception's type is named unless it is a plain, self-explaining one."""
+    message = " ".join(str(error).split()) or "(no message)"
+    if isinstance(error, FileNotFoundError) and error.filename and str(error.filename) not in message:
+        message = f"{message}: {error.filename}"
+    plain = (ValueError, TypeError, OSError, RuntimeError, ImportError)
+    return f"error: {message}" if type(error) in plain or type(error).__module__.startswith("diffusiongemma") \
+        or isinstance(error, OSError) else f"error: {type(error).__name__}: {message}"
+
+
+def run_command(func, args) -> int:
+    """Run a subcommand: a run-time error prints one clear line on stderr and returns 1 (Ctrl-C: 130) instead of a
+    traceback; set DIFFUSIONGEMMA_TRACEBACK=1 to see the traceback."""
+    if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+        return func(args)
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - every run-time error becomes one line
+        print(one_line_error(error), file=sys.stderr)
+        print(f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    return args.func(args)
+    return run_command(args.func, args)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ raises AttributeError for bad thresholds and lets booleans pass as integers).
 """
 
 import copy
+import math
 from numbers import Real
 
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
@@ -25,6 +26,7 @@ GLOBAL_DEFAULTS = {
     "confidence_threshold": 0.005,
 }
 DEFAULT_ENTROPY_BOUND = 0.1
+FP32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 
 
 def _is_int(value) -> bool:
@@ -58,8 +60,10 @@ class DiffusionGemmaGenerationConfig(_BuiltinGenerationConfig):
             )
         for name in ("t_min", "t_max"):
             value = getattr(self, name)
-            if value is not None and (not _is_real(value) or value < 0):
-                raise ValueError(f"`{name}` must be a number >= 0, got {value!r}")
+            if value is not None and (not _is_real(value) or not math.isfinite(value) or value < 0
+                                      or value > FP32_MAX):
+                raise ValueError(f"`{name}` must be a finite number >= 0 (at most {FP32_MAX:.3g}: the schedule "
+                                 f"runs in float32), got {value!r}")
         if self.t_min is not None and self.t_max is not None and not self.t_max > self.t_min:
             raise ValueError(f"`t_max` must be greater than `t_min`, got t_max={self.t_max} <= t_min={self.t_min}")
         if self.stability_threshold is not None and (
@@ -67,9 +71,15 @@ class DiffusionGemmaGenerationConfig(_BuiltinGenerationConfig):
         ):
             raise ValueError(f"`stability_threshold` must be an integer >= 0, got {self.stability_threshold!r}")
         if self.confidence_threshold is not None and (
-            not isinstance(self.confidence_threshold, float) or self.confidence_threshold <= 0
+            not isinstance(self.confidence_threshold, float) or not math.isfinite(self.confidence_threshold)
+            or self.confidence_threshold <= 0
         ):
-            raise ValueError(f"`confidence_threshold` must be a float > 0, got {self.confidence_threshold!r}")
+            raise ValueError(f"`confidence_threshold` must be a finite float > 0, got {self.confidence_threshold!r}")
+        bound = getattr(self.sampler_config, "entropy_bound", None)
+        if self.sampler_config is not None and (
+            not isinstance(bound, float) or not math.isfinite(bound) or bound <= 0
+        ):
+            raise ValueError(f"`sampler_config.entropy_bound` must be a finite float > 0, got {bound!r}")
         if self.cache_implementation not in (None, "dynamic"):
             raise ValueError(
                 f"`cache_implementation` must be None or 'dynamic' (diffusiongemma keeps its own block cache), "

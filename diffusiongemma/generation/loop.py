@@ -16,6 +16,7 @@ from transformers import LogitsProcessorList, StoppingCriteriaList
 from ..modeling.compile import compile_layers
 from ..modeling.masks import PaddingSlots
 from .batching import generate_in_chunks, generate_mixed
+from .finite import NonFiniteLogitsError, raise_for_faults
 from .outputs import DiffusionGemmaGenerationOutput, generation_output, tokens_per_forward
 from .resolve import GenerationRun, check_ar_sampling_kwargs, generated_length, resolve_batching, resolve_run
 from .sampler import temperature_schedule
@@ -79,20 +80,16 @@ def new_canvas(model, run: GenerationRun, settings: StepSettings, sequences: tor
     )
 
 
-def still_denoising(state: CanvasState, fast: bool) -> tuple[CanvasState, bool]:
-    """Spec D.4.4k, the one host read of a step: the [B] stop flags (and, in the same copy, the [B] unsamplable
-    flags). Returns (state, whether any row still denoises); in fast mode the state's `rows` then name the rows that
-    denoise next.
+def still_denoising(state: CanvasState, fast: bool, step: int, canvas: int) -> tuple[CanvasState, bool]:
+    """Spec D.4.4k, the one host read of a step: the [B] stop flags (and, in the same copy, the [B] fault codes of
+    generation/finite.py). Returns (state, whether any row still denoises); in fast mode the state's `rows` then name
+    the rows that denoise next. step (1-based) and canvas (0-based) only name the place in an error.
 
     Raises:
-        ValueError: a row's tempered logits gave no distribution to sample from.
+        NonFiniteLogitsError: a row's logits held NaN/Inf, or its scores left nothing to sample from.
     """
-    stopped, unsamplable = torch.stack([state.finished_denoising, state.unsamplable]).tolist()  # 2 x [B]
-    if any(unsamplable):
-        bad = [b for b, f in enumerate(unsamplable) if f]
-        raise ValueError(f"the tempered logits of batch rows {bad} are -inf for every token (or hold NaN / +inf), so "
-                         "there is nothing to sample: check the `logits_processor`s (a processor banned the whole "
-                         "vocabulary?)")
+    stopped, faults = torch.stack([state.finished_denoising.to(torch.int8), state.faults]).tolist()  # 2 x [B]
+    raise_for_faults(faults, step, canvas)
     if fast:
         state = replace(state, rows=[b for b, s in enumerate(stopped) if not s])
     return state, not all(stopped)
@@ -138,12 +135,15 @@ def generate_lockstep(model, run: GenerationRun, streamer):
         if recorder is not None:
             recorder.begin_canvas(state, c)
         # 4. denoise, counting the steps remaining N..1
-        for _ in range(settings.max_steps):
-            before, state = state, denoise_step(model, state, settings)  # a-i: no host read
+        for step in range(1, settings.max_steps + 1):
+            try:
+                before, state = state, denoise_step(model, state, settings)  # a-i: no host read
+            except NonFiniteLogitsError as error:  # raised by the reference sampler's refusal: add the canvas
+                raise error.at_canvas(c) from None
             if recorder is not None:
                 recorder.record_step(before, state, settings)
             stream_draft(streamer, state, embed_dtype)  # j
-            state, denoising = still_denoising(replace(state, draft_logits=None), run.fast)  # k
+            state, denoising = still_denoising(replace(state, draft_logits=None), run.fast, step, c)  # k
             if not denoising:
                 break
         passes = state.forward_passes

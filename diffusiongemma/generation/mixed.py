@@ -26,6 +26,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from ..modeling.cache import RowCache
 from ..modeling.host import device_tensor, to_device
+from .finite import fault_codes, model_logits_bad, processed_scores_bad, raise_for_faults
 from .sampler import temperature_at
 from .stopping import pad_after_eos
 
@@ -164,17 +165,26 @@ class MixedScheduler:
         """LM head, temperature, sampler and stopping for the denoising rows; hidden [d, L, H]."""
         s, stack = self.settings, self.model.get_decoder()
         logits = self.model.head(hidden)  # [d, L, V] fp32
+        model_bad, processors_bad, empty = model_logits_bad(logits), None, None  # [d] each (finite.py)
         if self.processors:
             for j, r in enumerate(rows):
                 seen = torch.cat([r.prompt, *r.canvases])[None]
                 step = torch.tensor(r.steps_remaining, dtype=torch.int32)
-                logits[j : j + 1] = self.processors(seen, logits[j : j + 1], cur_step=step)
+                scores = self.processors(seen, logits[j : j + 1], cur_step=step)
+                processed_scores_bad(scores, logits[j : j + 1].shape)  # None or a wrong shape: a clear error
+                logits[j : j + 1] = scores
+            processors_bad, empty = processed_scores_bad(logits, logits.shape)
         temperature = torch.stack([temperature_at(r.steps_remaining, s.max_steps, s.t_min, s.t_max) for r in rows])
         logits.div_(to_device(temperature, logits.device)[:, None, None])  # [d] fp32, computed on the host
         out = rows_view(self.sampler, [r.index for r in rows]).step(logits, None, stack.embed_tokens.soft)
         stop = torch.cat([r.stopper(out.argmax[j : j + 1], out.entropy[j : j + 1]) for j, r in enumerate(rows)])
         has_eos = torch.isin(out.argmax, s.eos_ids).any(dim=-1) if s.eos_ids is not None else torch.zeros_like(stop)
-        stop_flags, eos_flags = torch.stack([stop, has_eos]).tolist()  # [2, d]: the one host read of this pass
+        empty = out.entropy.isnan().any(dim=-1) if empty is None else empty | out.entropy.isnan().any(dim=-1)
+        faults = fault_codes(model_bad, processors_bad, empty)  # [d] int8
+        stop_flags, eos_flags, fault_flags = torch.stack(  # [3, d]: the one host read of this pass
+            [stop.to(torch.int8), has_eos.to(torch.int8), faults]).tolist()
+        for j, r in enumerate(rows):  # name the first faulty row's step and canvas
+            raise_for_faults([fault_flags[j]], s.max_steps - r.steps_remaining + 1, len(r.canvases), [r.index])
         ending = []  # (row, slot) whose canvas is done
         for j, (r, slot) in enumerate(zip(rows, slots)):
             r.tokens, r.argmax, r.soft = out.canvas[j], out.argmax[j], out.soft[j]

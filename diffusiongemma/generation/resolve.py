@@ -6,6 +6,7 @@ Legend: B batch, P prompt, L canvas length, S cached slots, V vocab, H hidden.
 """
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +14,7 @@ from transformers import LogitsProcessorList, StoppingCriteriaList
 from transformers.utils import logging
 
 from ..modeling.cache import BlockDiffusionCache
-from ..modeling.validation import check_token_ids, padding_vector
+from ..modeling.validation import check_left_padding, check_token_ids, padding_vector
 from .config import DiffusionGemmaGenerationConfig, resolve_generation_config
 from .sampler import SAMPLERS, Sampler, make_sampler, row_generators
 
@@ -106,6 +107,35 @@ def resolve_trace(return_trace: bool, trace_top_k: int, batching: str, past_key_
     return trace_top_k
 
 
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes a 64-bit unsigned seed
+
+
+def check_seed(seed, batch: int) -> None:
+    """seed: None, a non-negative int (row b uses seed + b) or a list of `batch` such ints; anything else (a string,
+    a float that would be truncated, a bool, a value beyond 64 bits) is refused, naming the value."""
+    if seed is None:
+        return
+    seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed]
+    for s in seeds:
+        if not isinstance(s, numbers.Integral) or isinstance(s, bool):
+            raise TypeError(f"`seed` must be an int or a list of ints, got {s!r} ({type(s).__name__})")
+    top = max(seeds) + (batch - 1 if not isinstance(seed, (list, tuple)) else 0) if seeds else 0
+    if seeds and (min(seeds) < 0 or top > SEED_MAX):
+        raise ValueError(f"`seed` must lie in [0, 2**64 - 1] (for every row: an int seed gives row b seed + b), got "
+                         f"{seed!r}")
+
+
+def check_token_range(config, vocab_size: int) -> None:
+    """pad_token_id is written into the output, so it must be a token of the vocabulary; so must every EOS id (one
+    outside it could never be generated, and generation would never stop early)."""
+    pad, eos = config.pad_token_id, config.eos_token_id
+    if pad is not None and not pad < vocab_size:
+        raise ValueError(f"`pad_token_id` ({pad}) is outside the vocabulary [0, {vocab_size})")
+    for e in eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []:
+        if not e < vocab_size:
+            raise ValueError(f"`eos_token_id` {eos!r} holds {e}, outside the vocabulary [0, {vocab_size})")
+
+
 @dataclass(frozen=True)
 class GenerationRun:
     """Everything `generate` resolved from its arguments; read by the loops, never changed."""
@@ -160,9 +190,11 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
             f"prompt ({cur_len}) + new tokens ({num_canvases} canvases of {L}) exceed max_position_embeddings "
             f"({text.max_position_embeddings})"
         )
+    check_token_range(config, V)
     keep = None
     if attention_mask is not None:
         mask = padding_vector("attention_mask", attention_mask, B, (cur_len,))
+        check_left_padding("attention_mask", mask)
         if not bool(mask.all()):
             keep = torch.cat([mask, mask.new_ones(B, num_canvases * L)], dim=1)  # [B, all slots]
     decoder_input_ids = rest.get("decoder_input_ids")
@@ -173,6 +205,10 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
     sc_logits = rest.get("self_conditioning_logits")
     if sc_logits is not None and tuple(sc_logits.shape) != (B, L, V):
         raise ValueError(f"`self_conditioning_logits` must have shape [{B}, {L}, {V}], got {list(sc_logits.shape)}")
+    if sc_logits is not None and (not sc_logits.dtype.is_floating_point or not bool(sc_logits.isfinite().all())):
+        what = " with non-finite entries" if sc_logits.dtype.is_floating_point else ""
+        raise ValueError(f"`self_conditioning_logits` must be finite floats (no NaN or Inf), got dtype "
+                         f"{sc_logits.dtype}{what}")
     if sampling not in SAMPLERS:
         raise ValueError(f"`sampling` must be one of {sorted(SAMPLERS)}, got {sampling!r}")
     fast = sampling == "fast"
@@ -188,6 +224,7 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
         raise ValueError("`trace_sc_embedding=True` needs `return_trace=True`")
     eos = config.eos_token_id
     eos_ids = torch.tensor(eos if isinstance(eos, (list, tuple)) else [eos], device=device) if eos is not None else None
+    check_seed(seed, B)
     generators = row_generators(B, device, seed, generator) if fast else None
     return GenerationRun(
         config=config, input_ids=input_ids, attention_mask=attention_mask, keep=keep, cur_len=cur_len,

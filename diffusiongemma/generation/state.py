@@ -24,8 +24,8 @@ class CanvasState:
         rows: fast mode: the rows that still denoise, host-side, in order (read once per step by the outer loop, so
             the step itself never reads the device); None in reference mode (every row runs).
         draft_logits: [B, L, V] tempered logits of the latest step, kept only for a streamer that takes logits.
-        unsamplable: [B] bool, rows whose latest tempered logits gave no distribution (every token -inf, or a NaN
-            or +inf score): the loop raises instead of committing noise.
+        faults: [B] int8 fault codes of the latest step (generation/finite.py: NaN/Inf logits, or nothing to sample
+            from): the loop raises instead of committing noise.
         entropy: [B, L] fp32 entropy of the latest tempered logits, as the sampler computed it (inf for rows fast
             mode did not run); read by trace recording (`diffusiongemma.accuracy`).
     """
@@ -40,5 +40,5 @@ class CanvasState:
     finished_sequences: torch.Tensor | None = None
     rows: list[int] | None = None
     draft_logits: torch.Tensor | None = None
-    unsamplable: torch.Tensor | None = None
+    faults: torch.Tensor | None = None
     entropy: torch.Tensor | None = None

@@ -15,6 +15,7 @@ from transformers import LogitsProcessorList
 
 from ..modeling.cache import BlockDiffusionCache
 from .entropy_bound import Sampler, SoftEmbed
+from .finite import fault_codes, model_logits_bad, processed_scores_bad, raise_for_faults
 from .state import CanvasState
 from .stopping import StableAndConfidentStopper
 
@@ -83,24 +84,37 @@ def denoise_step(model, state: CanvasState, settings: StepSettings) -> CanvasSta
     # b. decoder (every row: they share the cache) + LM head (only the rows that sample)
     hidden = model.denoise(state.canvas, settings.cache, state.soft, keep=settings.keep)  # [B, L, H]
     logits = model.head(hidden if index is None else hidden[index])  # [B', L, V] fp32
+    model_bad = model_logits_bad(logits)  # [B'] on the device: the loop reads it with the stop flags (finite.py)
     # c. user processors first (they get 3-D scores and the committed tokens), then the temperature, in place
+    processors_bad, empty = None, None
     if settings.processors:
         seen = state.sequences if index is None else state.sequences[index]
+        shape = logits.shape
         logits = settings.processors(seen, logits, cur_step=torch.tensor(state.steps_remaining, dtype=torch.int32))
+        processors_bad, empty = processed_scores_bad(logits, shape)  # [B'] each; shape checked on the host
     logits = logits.div_(settings.temperatures[state.steps_remaining])
     # d-g. one pass over the logits: argmax, entropy, sample (RNG), accept, re-noise (RNG), self-conditioning input
     soft = None
     if settings.soft_embed is None:  # from the logits, before the sampler may overwrite them (no RNG involved)
         soft = stack.soft_embedding(logits.to(stack.embed_tokens.weight.dtype))  # [B, L, H]
     kept = logits.clone() if settings.keep_logits else None
-    out = settings.sampler.step(logits, rows, settings.soft_embed)
+    try:
+        out = settings.sampler.step(logits, rows, settings.soft_embed)
+    except RuntimeError:  # the reference multinomial refuses NaN: name the cause (an error path may read the host)
+        empty = empty if empty is not None else torch.zeros_like(model_bad)
+        raise_for_faults(fault_codes(model_bad, processors_bad, empty).tolist(),
+                         settings.max_steps - state.steps_remaining + 1, None, rows)
+        raise
     del logits
     soft = out.soft if soft is None else soft
     canvas, argmax, entropy = out.canvas, out.argmax, out.entropy
+    empty = entropy.isnan().any(dim=-1) if empty is None else empty | entropy.isnan().any(dim=-1)  # [B']
+    faults = fault_codes(model_bad, processors_bad, empty)  # [B'] int8
     if index is not None:  # scatter the working rows back; the others keep what they had
         canvas = state.canvas.index_copy(0, index, canvas)
         argmax = state.argmax_canvas.index_copy(0, index, argmax)
         entropy = torch.full(argmax.shape, float("inf"), device=argmax.device).index_copy(0, index, entropy)
+        faults = faults.new_zeros(B).index_copy(0, index, faults)
         if state.soft is not None:
             soft = state.soft.index_copy(0, index, soft.to(state.soft.dtype))
         else:
@@ -112,9 +126,9 @@ def denoise_step(model, state: CanvasState, settings: StepSettings) -> CanvasSta
         argmax = torch.where(done[:, None], state.argmax_canvas, argmax)
         canvas = torch.where(done[:, None], state.canvas, canvas)
         soft = torch.where(done[:, None, None], state.soft, soft)
-    # i. the stopper's decision stays on the device; so does the check that every row had a distribution (an
-    # all -inf row makes the reference's multinomial raise, while the fast sampler's arithmetic would yield NaN)
+    # i. the stopper's decision stays on the device; so do the fault codes (finite.py: NaN/Inf logits, or an all
+    # -inf row, which makes the reference's multinomial raise, while the fast sampler's arithmetic would yield NaN)
     done = done | settings.stopper(argmax, entropy)
     return replace(state, canvas=canvas, argmax_canvas=argmax, soft=soft, finished_denoising=done,
                    forward_passes=passes, steps_remaining=state.steps_remaining - 1, draft_logits=kept,
-                   unsamplable=entropy.isnan().any(dim=-1), entropy=entropy)
+                   faults=faults, entropy=entropy)

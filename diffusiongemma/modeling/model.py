@@ -10,6 +10,7 @@ Module paths mirror the checkpoint so weights load and save without renaming (sp
 Legend: B batch, P prompt tokens, L canvas length, S cached slots, H hidden, V vocab.
 """
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ from transformers.utils import ModelOutput
 
 from .blocks import RMSNorm
 from .cache import BlockDiffusionCache
-from .config import DiffusionGemmaConfig
+from .config import DiffusionGemmaConfig, check_config, check_model_folder
 from .moe import Experts, Router
 from .stack import DiffusionGemmaTextStack
 from .validation import attention_backend_for, check_experts_implementation, check_forward_inputs
@@ -168,6 +169,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
     accepts_loss_kwargs = False  # the loss normalizes itself; Trainer must not pass `num_items_in_batch`
 
     def __init__(self, config: DiffusionGemmaConfig):
+        check_config(config)  # every field named before any weight is built (modeling/config.py)
         super().__init__(config)
         text = config.text_config
         self.model = DiffusionGemmaModel(config)
@@ -371,12 +373,36 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         if pretrained_model_name_or_path is None:
             return
         allowed = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision", "subfolder")
+        local = os.path.join(str(pretrained_model_name_or_path), "generation_config.json")
         try:
             self.generation_config = DiffusionGemmaGenerationConfig.from_pretrained(
                 pretrained_model_name_or_path, **{k: v for k, v in repo_kwargs.items() if k in allowed}
             )
-        except OSError:  # no generation_config.json: keep the defaults of spec A.5
-            pass
+        except OSError as error:  # no generation_config.json: keep the defaults of spec A.5; a corrupt one is an error
+            if os.path.isfile(local):
+                raise ValueError(f"{local} could not be read ({error}); fix or delete it (without it the model "
+                                 "loses its EOS and pad ids)") from None
+        except (ValueError, TypeError, AttributeError) as error:  # not a dict of fields, or a field out of range
+            raise ValueError(f"invalid generation_config.json in {pretrained_model_name_or_path}: {error}") from None
+
+    def save_pretrained(self, save_directory, *args, overwrite: bool = True, **kwargs) -> None:
+        """transformers' `save_pretrained`, written atomically (`diffusiongemma.io.atomic_folder`): into a temporary
+        sibling first, then swapped into place, so an interrupted save leaves the previous checkpoint complete, and no
+        stale weight file of the previous checkpoint survives (files that are not part of a checkpoint, such as a
+        tokenizer, are kept).
+
+        Args:
+            overwrite: replace a folder that already holds a checkpoint (True, as transformers does: training loops
+                re-save into the same folder); False refuses it with a FileExistsError.
+        Raises:
+            NotADirectoryError: `save_directory` is a file (transformers would only log and return).
+        """
+        from ..io.atomic import atomic_folder
+
+        if kwargs.get("push_to_hub") and "repo_id" not in kwargs:
+            kwargs["repo_id"] = os.path.basename(os.path.abspath(save_directory))
+        with atomic_folder(save_directory, overwrite=overwrite) as work:
+            super().save_pretrained(work, *args, **kwargs)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs):
@@ -405,9 +431,13 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
 
     @classmethod
     def _load_pretrained(cls, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs):
-        from ..quantization.loader import compressed_tensors_folder, load_compressed_tensors_checkpoint
+        from ..quantization.loader import (check_weight_files, compressed_tensors_folder,
+                                           load_compressed_tensors_checkpoint)
         from ..quantization.offload import prepare_from_pretrained_kwargs
 
+        check_model_folder(pretrained_model_name_or_path)  # exists, has config.json, is DiffusionGemma's
+        if os.path.isdir(str(pretrained_model_name_or_path)):
+            check_weight_files(str(pretrained_model_name_or_path))  # one weight set, no stale shards
         folder = compressed_tensors_folder(pretrained_model_name_or_path, kwargs)
         if folder is not None:
             return load_compressed_tensors_checkpoint(cls, folder, strict=strict, **kwargs)

@@ -26,8 +26,11 @@ def check_token_ids(name: str, ids: torch.Tensor, vocab_size: int) -> None:
         raise TypeError(f"`{name}` must be a torch.Tensor of token ids, got {type(ids).__name__}")
     if ids.dim() != 2:
         raise ValueError(f"`{name}` must have shape [batch, length], got {tuple(ids.shape)}")
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise ValueError(f"`{name}` must hold integer token ids, got dtype {ids.dtype}")
+    if ids.dtype not in (torch.long, torch.int32):
+        raise ValueError(f"`{name}` must hold integer token ids of dtype torch.long (or torch.int32), got dtype "
+                         f"{ids.dtype}: convert with `.long()`")
+    if ids.shape[0] == 0:
+        raise ValueError(f"`{name}` must contain at least one row, got shape {tuple(ids.shape)}")
     if ids.shape[1] == 0:
         raise ValueError(f"`{name}` must contain at least one token, got shape {tuple(ids.shape)}")
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
@@ -48,6 +51,23 @@ def padding_vector(name: str, mask: torch.Tensor, batch: int, lengths: tuple[int
     if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError(f"`{name}` must contain only 0 and 1")
     return mask.bool()
+
+
+def check_left_padding(name: str, keep: torch.Tensor) -> None:
+    """keep [B, n] bool must be left padding: each row some 0s, then only 1s, at least one 1 (a row that is all
+    padding, padding on the right or a hole in the middle would be attended differently from the prompt alone).
+
+    Reads the mask on the host once (called when a call's arguments are resolved, never inside a step)."""
+    rows = keep.shape[0]
+    empty = ~keep.any(dim=1)  # [B]
+    holes = (keep[:, :-1] & ~keep[:, 1:]).any(dim=1)  # [B]: a 1 followed by a 0
+    empty, holes = torch.stack([empty, holes]).cpu().tolist()
+    if any(empty):
+        raise ValueError(f"`{name}` marks every token of batch rows {[b for b in range(rows) if empty[b]]} as "
+                         "padding: each row needs at least one real token")
+    if any(holes):
+        raise ValueError(f"`{name}` of batch rows {[b for b in range(rows) if holes[b]]} is not left padding (a 0 "
+                         "after a 1: right padding or a hole); pad on the left (tokenizer padding_side='left')")
 
 
 def check_forward_inputs(

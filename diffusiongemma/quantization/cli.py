@@ -1,5 +1,7 @@
 """`diffusiongemma quantize --scheme fp8-dynamic|nvfp4 SRC DST`: write a compressed-tensors checkpoint."""
 
+import argparse
+import math
 import sys
 
 
@@ -22,8 +24,22 @@ def add_quantize_command(subparsers) -> None:
     p.add_argument("dst", help="output folder")
     p.add_argument("--scheme", required=True, choices=SCHEMES, help="fp8-dynamic (FP8_DYNAMIC) or nvfp4 (NVFP4)")
     p.add_argument("--calibration-file", default=None, help="NVFP4 only: text file, one calibration prompt per line")
-    p.add_argument("--max-shard-size", type=float, default=5.0, help="safetensors shard size in GiB (default 5)")
+    p.add_argument("--max-shard-size", type=shard_size, default=5.0,
+                   help="safetensors shard size in GiB, > 0 (default 5)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace DST if it already holds a checkpoint (it is swapped in only once complete)")
     p.set_defaults(func=run_quantize)
+
+
+def shard_size(text: str) -> float:
+    """--max-shard-size: a finite number of GiB > 0 (0 would write one shard per tensor)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of GiB, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0 or int(value * 2**30) < 1:
+        raise argparse.ArgumentTypeError(f"must be a finite number of GiB > 0, got {text!r}")
+    return value
 
 
 def run_quantize(args) -> int:
@@ -39,7 +55,8 @@ def run_quantize(args) -> int:
         if not prompts:
             print(f"error: {args.calibration_file} has no prompts (one per line expected)", file=sys.stderr)
             return 2
-    info = quantize_checkpoint(args.src, args.dst, args.scheme, prompts, int(args.max_shard_size * 2**30))
+    info = quantize_checkpoint(args.src, args.dst, args.scheme, prompts, int(args.max_shard_size * 2**30),
+                               overwrite=args.overwrite)
     calibration = f", activation scales calibrated on {info['calibration']}" if info["calibration"] else ""
     print(f"wrote {args.dst}: {info['quantized_linears']} quantized Linears, {info['bytes'] / 2**20:.1f} MiB of "
           f"tensors ({args.scheme}){calibration}", file=sys.stderr)

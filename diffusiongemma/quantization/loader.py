@@ -67,6 +67,41 @@ SUPPORTED = ("dtype", "device_map", "max_memory", "offload_folder", "strict", "a
              "use_safetensors=True") + HUB_KWARGS
 
 
+SHARD_NAME = re.compile(r"model-\d+-of-\d+\.safetensors$")
+
+
+def check_weight_files(folder: str) -> None:
+    """A local checkpoint folder must hold one weight set: `model.safetensors`, or an index and the shards it lists.
+
+    A single file next to an index, or shard files the index does not list, are what an interrupted or overwritten
+    save leaves behind; transformers would silently prefer one of them, so both are refused.
+
+    Raises:
+        ValueError: two competing weight sets, or shards the index does not list. FileNotFoundError: a listed shard
+            is missing.
+    """
+    index = os.path.join(folder, "model.safetensors.index.json")
+    single = os.path.join(folder, "model.safetensors")
+    if not os.path.isfile(index):
+        return
+    if os.path.isfile(single):
+        raise ValueError(f"{folder} holds two competing weight sets, model.safetensors and a sharded "
+                         "model.safetensors.index.json (left by an earlier save?): delete the stale one, or save again "
+                         "with overwrite")
+    try:
+        with open(index) as f:
+            listed = set(json.load(f)["weight_map"].values())
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{index} is not a valid safetensors index ({error})") from None
+    missing = sorted(n for n in listed if not os.path.isfile(os.path.join(folder, n)))
+    if missing:
+        raise FileNotFoundError(f"{folder} is incomplete: its index lists shards that are missing: {missing[:5]}")
+    stale = sorted(n for n in os.listdir(folder) if SHARD_NAME.match(n) and n not in listed)
+    if stale:
+        raise ValueError(f"{folder} holds shard files its index does not list (left by an earlier save?): "
+                         f"{stale[:5]}; delete them, or save again with overwrite")
+
+
 def compressed_tensors_folder(path, hub_kwargs: dict) -> str | None:
     """The local folder of a compressed-tensors checkpoint given as a folder or a Hub repo id (and `subfolder`, if
     `hub_kwargs` has one), else None.

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from compressed_tensors.compressors import ModelCompressor
@@ -26,6 +27,7 @@ from compressed_tensors.quantization import QuantizationConfig, preset_name_to_s
 from safetensors.torch import save_file
 from torch import nn
 
+from diffusiongemma.io.atomic import atomic_folder, holds_checkpoint
 from diffusiongemma.modeling.weights import ENCODER_TEXT_PREFIX
 from diffusiongemma.quantization.experts import ExpertList, unfuse_model_experts
 from diffusiongemma.quantization.fp8 import quantize_fp8_weight
@@ -222,7 +224,7 @@ def check_not_quantized(src: str) -> None:
 
 
 def quantize_checkpoint(src: str, dst: str, scheme: str, prompts: list[str] | None = None,
-                        max_shard_bytes: int = 5 * 2**30) -> dict:
+                        max_shard_bytes: int = 5 * 2**30, overwrite: bool = False) -> dict:
     """`diffusiongemma quantize`: read the dense checkpoint folder `src`, write a compressed one to `dst`.
 
     Args:
@@ -231,7 +233,10 @@ def quantize_checkpoint(src: str, dst: str, scheme: str, prompts: list[str] | No
         scheme: "fp8-dynamic" or "nvfp4".
         prompts: NVFP4 calibration prompts (default `DEFAULT_CALIBRATION_PROMPTS`), tokenized with `src`'s tokenizer
             when it has one, else replaced by random ids.
-        max_shard_bytes: safetensors shard size.
+        max_shard_bytes: safetensors shard size (a positive int; a shard always holds at least one tensor).
+        overwrite: replace a `dst` that already holds a checkpoint (refused otherwise, before any work). The folder is
+            written atomically (`diffusiongemma.io.atomic_folder`): an interrupted run leaves the old `dst` complete,
+            and nothing of the old checkpoint (stale shards or index) survives a finished one.
 
     Returns:
         {"quantized_linears": n, "bytes": checkpoint bytes, "calibration": "tokenizer" | "random ids" | None}.
@@ -242,6 +247,12 @@ def quantize_checkpoint(src: str, dst: str, scheme: str, prompts: list[str] | No
 
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; supported: {', '.join(SCHEMES)}")
+    if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes <= 0:
+        raise ValueError(f"`max_shard_bytes` must be a positive int, got {max_shard_bytes!r}")
+    if os.path.abspath(src) == os.path.abspath(dst):
+        raise ValueError(f"the output folder must differ from the source folder ({src}): quantize into a new folder")
+    if not overwrite and holds_checkpoint(Path(dst)):  # refuse before the (long) quantization, not after
+        raise FileExistsError(f"{dst} already holds a checkpoint: pass overwrite=True (--overwrite) to replace it")
     check_not_quantized(src)
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(src).eval()
     calibration, source = None, None
@@ -252,12 +263,13 @@ def quantize_checkpoint(src: str, dst: str, scheme: str, prompts: list[str] | No
         calibration = calibration_ids(prompts or DEFAULT_CALIBRATION_PROMPTS, tokenizer,
                                       model.config.text_config.vocab_size)
     qconfig, plan, input_scales, weight_scales = quantize_model(model, scheme, calibration)
-    os.makedirs(dst, exist_ok=True)
-    for name in os.listdir(src):
-        if not name.endswith(".safetensors") and name not in ("model.safetensors.index.json", "config.json") \
-                and os.path.isfile(os.path.join(src, name)):
-            shutil.copy2(os.path.join(src, name), os.path.join(dst, name))
-    model.config.save_pretrained(dst)
-    ModelCompressor(quantization_config=qconfig).update_config(dst)
-    total = save_sharded(quantized_tensors(model, scheme, plan, input_scales, weight_scales), dst, max_shard_bytes)
+    with atomic_folder(dst, overwrite=overwrite) as work:
+        for name in os.listdir(src):
+            if not name.endswith(".safetensors") and name not in ("model.safetensors.index.json", "config.json") \
+                    and os.path.isfile(os.path.join(src, name)):
+                shutil.copy2(os.path.join(src, name), os.path.join(work, name))
+        model.config.save_pretrained(work)
+        ModelCompressor(quantization_config=qconfig).update_config(str(work))
+        tensors = quantized_tensors(model, scheme, plan, input_scales, weight_scales)
+        total = save_sharded(tensors, str(work), max_shard_bytes)
     return {"quantized_linears": len(plan), "bytes": total, "calibration": source}

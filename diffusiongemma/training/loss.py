@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from transformers.utils import ModelOutput
 
+from ..modeling.validation import check_left_padding, check_token_ids, padding_vector
+
 IGNORE_INDEX = -100
 T_MIN = 1e-3
 SELF_CONDITIONING_RATE = 0.5
@@ -82,6 +84,26 @@ def autoregressive_loss(logits: torch.Tensor, input_ids: torch.Tensor, keep: tor
     return F.cross_entropy(logits[:, :-1].flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
 
 
+def check_loss_inputs(input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor | None,
+                      vocab_size: int) -> None:
+    """input_ids [B, P] token ids; labels [B, L] token ids or -100; attention_mask [B, P] left padding with a real
+    token in every row. Errors name the argument (an out-of-vocabulary label would be an IndexError deep in
+    cross_entropy; an all-padding row would train on nothing)."""
+    check_token_ids("input_ids", input_ids, vocab_size)
+    if not isinstance(labels, torch.Tensor) or labels.dim() != 2 or labels.dtype not in (torch.long, torch.int32):
+        got = f"{labels.dtype} {tuple(labels.shape)}" if isinstance(labels, torch.Tensor) else type(labels).__name__
+        raise ValueError(f"`labels` must be a [batch, canvas] tensor of token ids (torch.long), got {got}")
+    if labels.shape[0] != input_ids.shape[0] or labels.shape[1] == 0:
+        raise ValueError(f"`labels` must have shape [{input_ids.shape[0]}, canvas length], got {list(labels.shape)}")
+    scored = labels[labels != IGNORE_INDEX]
+    if scored.numel() and (int(scored.min()) < 0 or int(scored.max()) >= vocab_size):
+        raise ValueError(f"`labels` hold ids outside the vocabulary [0, {vocab_size}) (other than {IGNORE_INDEX}, "
+                         f"which is not scored): min {int(scored.min())}, max {int(scored.max())}")
+    if attention_mask is not None:
+        keep = padding_vector("attention_mask", attention_mask, input_ids.shape[0], (input_ids.shape[1],))
+        check_left_padding("attention_mask", keep)
+
+
 def block_diffusion_loss(
     model,
     input_ids: torch.Tensor,
@@ -106,8 +128,9 @@ def block_diffusion_loss(
     """
     if input_ids is None:
         raise ValueError("block_diffusion_loss needs `input_ids` (the clean prefix, at least one token)")
-    B, L = labels.shape
     V = model.config.text_config.vocab_size
+    check_loss_inputs(input_ids, labels, attention_mask, V)
+    B, L = labels.shape
     device = labels.device
     scored = labels != IGNORE_INDEX  # [B, L]
     clean = labels.masked_fill(~scored, model.config.text_config.pad_token_id)

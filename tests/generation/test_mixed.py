@@ -144,7 +144,7 @@ def test_bad_batching_arguments(model):
         model.generate(ids, sampling="fast", batching="mixed", streamer=object(), **KW)
     with pytest.raises(ValueError, match="past_key_values"):
         model.generate(ids, sampling="fast", batching="mixed", past_key_values=model.new_cache(), **KW)
-    with pytest.raises(ValueError, match="every token of some row"):
+    with pytest.raises(ValueError, match=r"marks every token of batch rows \[1\] as padding"):
         model.generate(ids, attention_mask=torch.tensor([[1] * 6, [0] * 6]), sampling="fast", **KW)
 
 
