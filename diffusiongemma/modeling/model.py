@@ -435,9 +435,12 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
                                            load_compressed_tensors_checkpoint)
         from ..quantization.offload import prepare_from_pretrained_kwargs
 
-        check_model_folder(pretrained_model_name_or_path)  # exists, has config.json, is DiffusionGemma's
-        if os.path.isdir(str(pretrained_model_name_or_path)):
-            check_weight_files(str(pretrained_model_name_or_path))  # one weight set, no stale shards
+        local = str(pretrained_model_name_or_path)
+        if kwargs.get("subfolder"):
+            local = os.path.join(local, kwargs["subfolder"])
+        check_model_folder(local)  # exists, has config.json, is DiffusionGemma's
+        if os.path.isdir(local):
+            check_weight_files(local)  # one weight set, no stale shards
         folder = compressed_tensors_folder(pretrained_model_name_or_path, kwargs)
         if folder is not None:
             return load_compressed_tensors_checkpoint(cls, folder, strict=strict, **kwargs)
