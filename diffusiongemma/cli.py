@@ -87,7 +87,9 @@ def run_generate(args) -> int:
 
     from .generation.streamers import CanvasPrinter, is_terminal
     from .modeling import DiffusionGemmaForBlockDiffusion
+    from .modeling.config import check_model_folder
 
+    check_model_folder(args.model)  # first: "not a DiffusionGemma folder" says more than "no tokenizer"
     tokenizer_path = args.tokenizer or args.model
     if not has_tokenizer_files(tokenizer_path):
         where = "--tokenizer" if args.tokenizer else "--model"
