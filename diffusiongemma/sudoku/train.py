@@ -197,7 +197,11 @@ def build_model(cfg: SudokuTrainConfig, log) -> DiffusionGemmaForBlockDiffusion:
     return DiffusionGemmaForBlockDiffusion(sudoku_model_config(cfg.hidden_size, cfg.num_layers, cfg.num_experts))
 
 
-def train_sudoku(cfg: SudokuTrainConfig, resume: bool = False, log=print) -> dict:
+def _print_now(message: str) -> None:
+    print(message, flush=True)
+
+
+def train_sudoku(cfg: SudokuTrainConfig, resume: bool = False, log=_print_now) -> dict:
     """Train (or resume) the Sudoku model and export it into `cfg.out`.
 
     Returns:
@@ -266,15 +270,14 @@ def train_sudoku(cfg: SudokuTrainConfig, resume: bool = False, log=print) -> dic
             bar.set_postfix(loss=f"{losses[-1]:.3f}", puzzles_s=f"{rate:.1f}", givens=f"{low}-{high}",
                             lr=f"{optimizer.param_groups[0]['lr']:.1e}", refresh=False)
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                last = {"step": step, "diffusion_loss": round(sum(losses) / len(losses), 4), "givens_range": [low, high],
-                        "lr": optimizer.param_groups[0]["lr"], "elapsed_s": round(elapsed, 1),
-                        "puzzles_seen": seen, "puzzles_per_s": round(rate, 2)}
+                last = {"step": step, "diffusion_loss": round(sum(losses) / len(losses), 4),
+                        "givens_range": [low, high], "lr": optimizer.param_groups[0]["lr"],
+                        "elapsed_s": round(elapsed, 1), "puzzles_seen": seen, "puzzles_per_s": round(rate, 2),
+                        **{f"eval_{g}": evaluate(model, tokenizer, puzzles) for g, puzzles in eval_sets.items()}}
                 losses = []
-                for g, puzzles in eval_sets.items():
-                    last[f"eval_{g}"] = evaluate(model, tokenizer, puzzles)
-                summary = ", ".join(f"{g} givens {last[f'eval_{g}']['solve_rate']:.0%} in "
-                                    f"{last[f'eval_{g}']['mean_steps']:.1f} steps" for g in eval_sets)
-                bar.write(f"step {step}: loss {last['diffusion_loss']:.3f}; solved {summary}", file=sys.stderr)
+                bar.write(f"step {step}: loss {last['diffusion_loss']:.3f}; solved " + ", ".join(
+                    f"{last[f'eval_{g}']['solve_rate']:.0%} at {g} givens in {last[f'eval_{g}']['mean_steps']:.1f} "
+                    "steps" for g in eval_sets), file=sys.stderr)
                 with open(out / "train_log.jsonl", "a") as f:
                     f.write(json.dumps(last) + "\n")
                 checkpoint(step)
