@@ -69,6 +69,8 @@ def add_sudoku_commands(subparsers) -> None:
     t.add_argument("--out", required=True, help="output folder (model, tokenizer, train_log.jsonl, checkpoint/)")
     t.add_argument("--resume", action="store_true", help="continue bit for bit from OUT/checkpoint")
     t.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)")
+    t.add_argument("--device", default="cpu", help="where to train, e.g. cuda (default cpu); a checkpoint moves "
+                   "between devices, but such a resume is not bit-identical")
     t.add_argument("--steps", type=positive_int, help="optimizer steps in total (default 2000)")
     t.add_argument("--batch-size", type=positive_int, help="puzzles per step (default 64)")
     t.add_argument("--givens", type=_givens, help="target givens: evaluated first, and the fewest training givens "
@@ -152,6 +154,6 @@ def run_train_sudoku(args) -> int:
         cfg = dataclasses.replace(config_from_dict(saved), **given)
     else:
         cfg = SudokuTrainConfig(**given)
-    summary = train_sudoku(cfg, resume=args.resume)
+    summary = train_sudoku(cfg, resume=args.resume, device=args.device)
     print(json.dumps(summary))
     return 130 if summary.get("interrupted") else 0

@@ -153,11 +153,12 @@ def export_model(out: Path, model, tokenizer, generation_config) -> None:
 
 
 def evaluate(model, tokenizer, puzzles: list[str], batch_size: int = 64) -> dict:
-    """Solve rate and steps of `model.generate` on `puzzles` (eval mode, no grad, global RNG left untouched)."""
+    """Solve rate and steps of `model.generate` on `puzzles` (eval mode, no grad, global RNGs left untouched)."""
     was_training = model.training
     model.eval()
     results = []
-    with torch.random.fork_rng(devices=[]):
+    cuda = [model.device] if model.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(EVAL_SEED)
         for i in range(0, len(puzzles), batch_size):
             results += solve_puzzles(model, tokenizer, puzzles[i : i + batch_size])
@@ -201,8 +202,8 @@ def _print_now(message: str) -> None:
     print(message, flush=True)
 
 
-def train_sudoku(cfg: SudokuTrainConfig, resume: bool = False, log=_print_now) -> dict:
-    """Train (or resume) the Sudoku model and export it into `cfg.out`.
+def train_sudoku(cfg: SudokuTrainConfig, resume: bool = False, log=_print_now, device: str = "cpu") -> dict:
+    """Train (or resume) the Sudoku model on `device` and export it into `cfg.out`.
 
     Returns:
         the last evaluation (step, losses, solve_rate/mean_steps per givens, ...), with `interrupted: True` if
@@ -215,22 +216,22 @@ def train_sudoku(cfg: SudokuTrainConfig, resume: bool = False, log=_print_now) -
     state = load_trainer_state(ckpt) if resume else None
     model = load_checkpoint_model(ckpt) if resume else build_model(cfg, log)
     model.generation_config = generation_config
-    model.train()
+    model.to(device).train()
     if cfg.freeze_router:
         freeze_router(model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     rng = random.Random(cfg.seed)  # data draws
-    loss_rng = torch.Generator().manual_seed(cfg.seed)  # every draw of the loss
+    loss_rng = torch.Generator(device).manual_seed(cfg.seed)  # every draw of the loss
     start, elapsed, seen = 0, 0.0, 0
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
-        restore_rngs(state, rng, loss_rng)
+        restore_rngs(state, rng, loss_rng, log=log)
         start, elapsed, seen = state["step"], state["elapsed_s"], state["puzzles_seen"]
 
     low, high = cfg.training_givens(start)
-    log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {torch.get_num_threads()} "
-        f"threads; training givens {low}..{high} at step {start}")
+    log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters on {device}, "
+        f"{torch.get_num_threads()} threads; training givens {low}..{high} at step {start}")
     pool_givens = cfg.givens_min if cfg.givens_min is not None else cfg.givens
     pool = data.load_or_make_pool(out, cfg.seed, cfg.pool_size, pool_givens, log=log)
     eval_levels = [cfg.givens] + [g for g in cfg.eval_givens if g != cfg.givens]
@@ -252,6 +253,7 @@ def train_sudoku(cfg: SudokuTrainConfig, resume: bool = False, log=_print_now) -
             tick = time.time()
             low, high = cfg.training_givens(step)
             input_ids, labels = data.make_batch(data.draw_pairs(rng, pool, cfg.batch_size, low, high), tokenizer)
+            input_ids, labels = input_ids.to(device), labels.to(device)
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * warmup_cosine(step, cfg.warmup, cfg.steps, cfg.lr_floor)
             result = block_diffusion_loss(model, input_ids=input_ids, labels=labels, generator=loss_rng,

@@ -99,3 +99,17 @@ def test_init_from_starts_from_given_weights(tmp_path):
 def test_resume_without_checkpoint_names_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="train without --resume first"):
         main(["train", "sudoku", "--out", str(tmp_path / "none"), "--resume"])
+
+
+def test_resume_from_another_device_reseeds_the_loss_generator(tmp_path):
+    cfg = SudokuTrainConfig(out=str(tmp_path), steps=1, batch_size=2, pool_size=2, hidden_size=32, num_layers=2,
+                            givens=70, eval_every=1, eval_puzzles=1)
+    train_sudoku(cfg, log=lambda *a: None)
+    path = tmp_path / "checkpoint" / "trainer_state.pt"
+    state = torch.load(path, weights_only=True)
+    assert state["loss_rng_device"] == "cpu"
+    state["loss_rng_device"] = "cuda"  # as if the first part ran on a GPU
+    torch.save(state, path)
+    logs = []
+    summary = train_sudoku(SudokuTrainConfig(**{**cfg.__dict__, "steps": 2}), resume=True, log=logs.append)
+    assert summary["step"] == 2 and any("not bit-identical" in line for line in logs)
