@@ -99,13 +99,14 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
 
     names = list(models)
-    header = f"{'givens':>6} | " + " | ".join(f"{n:>17s} solved  steps" for n in names)
-    print("\n" + header + "\n" + "-" * len(header))
+    width = max(16, *(len(n) for n in names))
+    print("\n" + " " * 9 + " | ".join(f"{n:^{width}s}" for n in names))
+    print(f"{'givens':>6} | " + " | ".join(f"{'solved':>{width - 8}s}   steps" for _ in names))
     for givens in levels:
         cells = []
         for name in names:
             r = next(r for r in rows if r["model"] == name and r["givens"] == givens)
-            cells.append(f"{100 * r['solve_rate']:23.1f}% {r['mean_steps']:6.1f}")
+            cells.append(f"{100 * r['solve_rate']:{width - 9}.1f}%  {r['mean_steps']:6.1f}")
         print(f"{givens:>6} | " + " | ".join(cells))
     if args.plot:
         plot(rows, args.plot)
