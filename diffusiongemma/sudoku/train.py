@@ -206,8 +206,8 @@ def train_sudoku(cfg: SudokuTrainConfig, resume: bool = False, log=_print_now, d
     """Train (or resume) the Sudoku model on `device` and export it into `cfg.out`.
 
     Returns:
-        the last evaluation (step, losses, solve_rate/mean_steps per givens, ...), with `interrupted: True` if
-        Ctrl-C stopped the run early.
+        the last evaluation (step, losses, `eval_<givens>` solve rates and steps, ...); if Ctrl-C stopped the run
+        early, `{"step", "interrupted": True, "last_evaluation"}` instead.
     """
     out = Path(cfg.out)
     ckpt = out / "checkpoint"
@@ -288,7 +288,7 @@ def train_sudoku(cfg: SudokuTrainConfig, resume: bool = False, log=_print_now, d
                 checkpoint(step)
                 export_model(out, model, tokenizer, generation_config)
                 log(f"interrupted: checkpoint saved at step {step}; continue with --resume")
-                last = {**last, "step": step, "interrupted": True}
+                last = {"step": step, "interrupted": True, "last_evaluation": last}
                 break
     bar.close()
     return last
