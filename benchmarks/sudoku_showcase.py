@@ -9,6 +9,8 @@ diffusiongemma[plot]`).
     python benchmarks/sudoku_showcase.py [--puzzles 50] [--givens 30,36,45,55,65] [--max-steps N] [--model DIR]
                                          [--seed 0] [--plot sudoku_showcase.png] [--no-untrained]
     python benchmarks/sudoku_showcase.py --puzzles 200 --givens 36       # the headline number
+    python benchmarks/sudoku_showcase.py --seed 1 --no-untrained --set t_min=0.3 --set entropy_bound=0.2
+                                                  # tune sampler settings on other puzzles (seed 1)
 """
 
 import argparse
@@ -19,6 +21,7 @@ import time
 import torch
 import transformers
 
+from diffusiongemma.generation.config import EntropyBoundSamplerConfig
 from diffusiongemma.modeling import DiffusionGemmaForBlockDiffusion
 from diffusiongemma.sudoku.demo import fresh_puzzles, load_demo_model
 from diffusiongemma.sudoku.solver import solve_puzzles, solve_rate
@@ -35,6 +38,21 @@ def run(model, tokenizer, puzzles, batch_size: int, seed: int, **generate_kwargs
         results += solve_puzzles(model, tokenizer, puzzles[i : i + batch_size], **generate_kwargs)
     wall = time.perf_counter() - start
     return {**solve_rate(results), "wall_s": round(wall, 2), "ms_per_puzzle": round(1000 * wall / len(puzzles), 1)}
+
+
+def generation_overrides(settings: list[str], max_steps: int | None) -> dict:
+    """`generate` overrides from --set KEY=VALUE items (entropy_bound goes into the sampler config)."""
+    overrides = {"max_denoising_steps": max_steps} if max_steps else {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
+        number = float(value) if any(c in value for c in ".e") else int(value)
+        if key == "entropy_bound":
+            overrides["sampler_config"] = EntropyBoundSamplerConfig(entropy_bound=float(number))
+        else:
+            overrides[key] = number
+    return overrides
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -74,6 +92,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="offsets the puzzle seed and seeds generation")
     parser.add_argument("--plot", default="sudoku_showcase.png", help="PNG path ('' for none)")
     parser.add_argument("--no-untrained", action="store_true", help="skip the untrained baseline")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a generation setting: t_min, t_max, entropy_bound, confidence_threshold, "
+                        "stability_threshold, max_denoising_steps (repeatable)")
     args = parser.parse_args()
     levels = [int(g) for g in args.givens.split(",") if g.strip()]
 
@@ -87,9 +108,10 @@ def main() -> None:
         untrained = DiffusionGemmaForBlockDiffusion(trained.config).eval()  # same architecture, random init
         untrained.generation_config = trained.generation_config
         models["untrained"] = untrained
-    overrides = {"max_denoising_steps": args.max_steps} if args.max_steps else {}
-    cap = args.max_steps or trained.generation_config.max_denoising_steps
-    print(f"{args.puzzles} fresh puzzles per givens count, adaptive stopping, at most {cap} steps")
+    overrides = generation_overrides(args.set, args.max_steps)
+    cap = overrides.get("max_denoising_steps", trained.generation_config.max_denoising_steps)
+    print(f"{args.puzzles} fresh puzzles per givens count, adaptive stopping, at most {cap} steps"
+          + (f"; overrides {args.set}" if args.set else ""))
     rows = []
     for givens in levels:
         puzzles = fresh_puzzles(args.puzzles, givens, seed=PUZZLE_SEED + 97 * givens + args.seed)
