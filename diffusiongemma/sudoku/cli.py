@@ -8,7 +8,9 @@
 """
 
 import argparse
+import dataclasses
 import json
+from pathlib import Path
 
 from ..cli import positive_int
 from .puzzles import parse_puzzle, read_puzzles, render_grid
@@ -17,7 +19,18 @@ from .puzzles import parse_puzzle, read_puzzles, render_grid
 def _givens(text: str) -> int:
     value = int(text)
     if not 17 <= value <= 81:
-        raise argparse.ArgumentTypeError(f"--givens must be in 17..81, got {value}")
+        raise argparse.ArgumentTypeError(f"givens must be in 17..81, got {value}")
+    return value
+
+
+def _givens_list(text: str) -> list[int]:
+    return [_givens(part) for part in text.split(",") if part.strip()]
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
     return value
 
 
@@ -49,26 +62,40 @@ def add_sudoku_commands(subparsers) -> None:
         "sudoku",
         help="train a Sudoku solver on generated puzzles (CPU is fine)",
         description="Train a tiny DiffusionGemma on generated puzzles with the block-diffusion loss; evaluates the "
-        "solve rate on held-out puzzles every --eval-every steps and writes a resumable checkpoint.",
+        "solve rate on held-out puzzles every --eval-every steps and writes a resumable checkpoint. With --resume "
+        "the run's saved settings are reused and only the options given on the command line change.",
     )
+    # Defaults live in SudokuTrainConfig; None here means "not given" (so --resume keeps the saved value).
     t.add_argument("--out", required=True, help="output folder (model, tokenizer, train_log.jsonl, checkpoint/)")
-    t.add_argument("--steps", type=positive_int, default=2000, help="optimizer steps (default 2000)")
-    t.add_argument("--batch-size", type=positive_int, default=64, help="puzzles per step (default 64)")
-    t.add_argument("--givens", type=_givens, default=36,
-                   help="difficulty: evaluation puzzles have this many givens, training ones up to --givens-spread "
-                   "more (default 36)")
-    t.add_argument("--givens-spread", type=int, default=8, help="extra givens of training puzzles (default 8)")
-    t.add_argument("--lr", type=float, default=1e-3, help="peak AdamW learning rate (default 1e-3)")
-    t.add_argument("--warmup", type=int, default=100, help="linear warmup steps (default 100)")
-    t.add_argument("--eval-every", type=positive_int, default=200, help="steps between evaluations (default 200)")
-    t.add_argument("--eval-puzzles", type=positive_int, default=64, help="held-out puzzles per evaluation")
-    t.add_argument("--pool-size", type=positive_int, default=4000, help="unique puzzles generated up front")
-    t.add_argument("--hidden-size", type=positive_int, default=128)
-    t.add_argument("--layers", type=positive_int, default=4)
-    t.add_argument("--experts", type=positive_int, default=4)
-    t.add_argument("--freeze-router", action="store_true", help="do not train the MoE routers")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    t.add_argument("--resume", action="store_true", help="continue bit for bit from OUT/checkpoint")
+    t.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)")
+    t.add_argument("--device", default="cpu", help="where to train, e.g. cuda (default cpu); a checkpoint moves "
+                   "between devices, but such a resume is not bit-identical")
+    t.add_argument("--steps", type=positive_int, help="optimizer steps in total (default 2000)")
+    t.add_argument("--batch-size", type=positive_int, help="puzzles per step (default 64)")
+    t.add_argument("--givens", type=_givens, help="target givens: evaluated first, and the fewest training givens "
+                   "unless --givens-min says otherwise (default 36)")
+    t.add_argument("--eval-givens", type=_givens_list, help="more givens counts to evaluate, e.g. 45,55")
+    t.add_argument("--givens-min", type=_givens, help="fewest training givens after the curriculum; the puzzle "
+                   "pool is generated at this count (default: --givens)")
+    t.add_argument("--givens-spread", type=_non_negative, help="training puzzles have low..low+SPREAD givens, "
+                   "revealed from the pool's solutions (default 8)")
+    t.add_argument("--givens-start", type=_givens, help="curriculum: low starts here and moves to --givens-min")
+    t.add_argument("--curriculum-steps", type=_non_negative, help="steps of the curriculum (default 0: none)")
+    t.add_argument("--lr", type=float, help="peak AdamW learning rate (default 1e-3)")
+    t.add_argument("--lr-floor", type=float, help="final learning rate as a fraction of --lr (default 0.1)")
+    t.add_argument("--warmup", type=_non_negative, help="linear warmup steps (default 100)")
+    t.add_argument("--ar-weight", type=float, help="weight of the autoregressive prompt loss (default 1.0)")
+    t.add_argument("--eval-every", type=positive_int, help="steps between evaluations and checkpoints (default 200)")
+    t.add_argument("--eval-puzzles", type=positive_int, help="held-out puzzles per evaluated givens (default 64)")
+    t.add_argument("--pool-size", type=positive_int, help="unique puzzles generated once and cached (default 4000)")
+    t.add_argument("--hidden-size", type=positive_int, help="model width (default 128)")
+    t.add_argument("--layers", type=positive_int, dest="num_layers", help="model layers (default 4)")
+    t.add_argument("--experts", type=positive_int, dest="num_experts", help="MoE experts (default 4)")
+    t.add_argument("--init-from", metavar="DIR", help="start from this model's weights (e.g. the bundled demo "
+                   "model) with a fresh optimizer; --hidden-size/--layers/--experts are then ignored")
+    t.add_argument("--freeze-router", action="store_true", default=None, help="do not train the MoE routers")
+    t.add_argument("--seed", type=int, help="seeds init, pool, data and loss draws (default 0)")
     t.set_defaults(func=run_train_sudoku)
 
 
@@ -113,15 +140,20 @@ def run_sudoku(args) -> int:
 
 
 def run_train_sudoku(args) -> int:
-    from .train import SudokuTrainConfig, train_sudoku
+    import torch
 
-    cfg = SudokuTrainConfig(
-        out=args.out, steps=args.steps, batch_size=args.batch_size, givens=args.givens,
-        givens_spread=args.givens_spread, lr=args.lr, warmup=args.warmup, eval_every=args.eval_every,
-        eval_puzzles=args.eval_puzzles,
-        seed=args.seed, pool_size=args.pool_size, hidden_size=args.hidden_size, num_layers=args.layers,
-        num_experts=args.experts, freeze_router=args.freeze_router,
-    )
-    summary = train_sudoku(cfg, resume=args.resume)
+    from .checkpoint import load_trainer_state
+    from .train import SudokuTrainConfig, config_from_dict, train_sudoku
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = {f.name for f in dataclasses.fields(SudokuTrainConfig)}
+    given = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    if args.resume:
+        saved = load_trainer_state(Path(args.out) / "checkpoint")["config"]
+        cfg = dataclasses.replace(config_from_dict(saved), **given)
+    else:
+        cfg = SudokuTrainConfig(**given)
+    summary = train_sudoku(cfg, resume=args.resume, device=args.device)
     print(json.dumps(summary))
-    return 0
+    return 130 if summary.get("interrupted") else 0

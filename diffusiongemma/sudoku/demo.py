@@ -39,35 +39,80 @@ def canvas_cells(tokenizer, ids: list[int]) -> str:
     return "".join(c if c in DIGITS else BLANK for c in chars).ljust(81, BLANK)
 
 
+def confident_cells(tokenizer, logits: torch.Tensor, threshold: float) -> str:
+    """The first 81 canvas positions as grid cells: the most likely digit where its probability reaches
+    `threshold`, '.' elsewhere (also where a non-digit token is most likely).
+
+    Args:
+        logits: [L, V] one canvas's (temperature-scaled) logits.
+    """
+    probs = torch.softmax(logits[:81].float(), dim=-1)  # [81, V]
+    best, ids = probs.max(dim=-1)  # [81], [81]
+    cells = canvas_cells(tokenizer, ids.tolist())
+    return "".join(c if p >= threshold else BLANK for c, p in zip(cells, best.tolist()))
+
+
 class GridAnimator:
     """Streamer that redraws the 9x9 grid in place after every denoising step (batch 1).
 
+    A cell appears once the model is confident about it (its most likely digit reaches `threshold` under the
+    step's logits). A cell whose digit later changes is *revised*: it stays highlighted (black on yellow), so
+    the animation shows where the model changed its mind. The committed canvas is drawn in full at the end.
+
     Args:
         tokenizer: the Sudoku tokenizer.
-        puzzle: the puzzle being solved (its givens are drawn bold, changed cells highlighted).
+        puzzle: the puzzle being solved (its givens are drawn bold).
         stream: where to draw (default stdout).
+        threshold: probability from which a cell is shown.
     """
 
-    def __init__(self, tokenizer, puzzle: str, stream=None):
+    _takes_logits = True  # spec D.7: put_draft(logits=...) instead of the argmax canvas
+
+    def __init__(self, tokenizer, puzzle: str, stream=None, threshold: float = 0.9):
         self.tokenizer = tokenizer
         self.puzzle = puzzle
         self.stream = stream or sys.stdout
-        self.previous: str | None = None
+        self.threshold = threshold
+        self.first: dict[int, str] = {}  # cell -> the digit it first appeared with
+        self.revised: set[int] = set()
+        self.shown = False
+        self.prompt_seen = False
         self.steps = 0
 
-    def put(self, value) -> None:  # prompt and committed canvas: the last draft is already on screen
-        pass
+    def _track(self, cells: str) -> None:
+        for i, c in enumerate(cells):
+            if c != BLANK and self.puzzle[i] == BLANK and self.first.setdefault(i, c) != c:
+                self.revised.add(i)
 
-    def put_draft(self, value=None, logits=None) -> None:
-        if value is None:
+    def _draw(self, cells: str, caption: str) -> None:
+        if self.shown:
+            self.stream.write(f"\x1b[{GRID_LINES + 1}F\x1b[J")  # back to the grid's first line, erase below
+        self.stream.write(render_grid(self.puzzle, cells, revised=self.revised) + f"\n{caption}\n")
+        self.stream.flush()
+        self.shown = True
+
+    def put(self, value) -> None:
+        """The prompt first (nothing to draw), then the committed canvas [1, L], drawn in full."""
+        if not self.prompt_seen:
+            self.prompt_seen = True
             return
         cells = canvas_cells(self.tokenizer, value[0].tolist())
-        if self.previous is not None:
-            self.stream.write(f"\x1b[{GRID_LINES + 1}F\x1b[J")  # back to the grid's first line, erase below
+        self._track(cells)
+        self._draw(cells, f"done after {self.steps} steps; {len(self.revised)} cells revised")
+
+    def put_draft(self, value=None, logits=None) -> None:
+        if logits is not None:
+            cells = confident_cells(self.tokenizer, logits[0], self.threshold)
+        elif value is not None:
+            cells = canvas_cells(self.tokenizer, value[0].tolist())
+        else:
+            return
+        cells = "".join(p if p != BLANK else c for p, c in zip(self.puzzle, cells))  # givens always show
         self.steps += 1
-        self.stream.write(render_grid(self.puzzle, cells, self.previous) + f"\nstep {self.steps}\n")
-        self.stream.flush()
-        self.previous = cells
+        self._track(cells)
+        blanks = self.puzzle.count(BLANK)
+        filled = blanks - cells.count(BLANK)
+        self._draw(cells, f"step {self.steps}: {filled}/{blanks} cells, {len(self.revised)} revised")
 
     def end(self) -> None:
         pass

@@ -12,6 +12,7 @@ which is what `make_puzzle` needs: it asks "still unique?" once per removed cell
 from __future__ import annotations
 
 import random
+from collections.abc import Collection
 from pathlib import Path
 
 BLANK = "."
@@ -298,7 +299,9 @@ def _cell_style(given: bool, filled: bool, changed: bool) -> str:
     return _FILLED_STYLE if filled else ""
 
 
-def render_grid(puzzle: str, cells: str, previous: str | None = None, color: bool = True) -> str:
+def render_grid(
+    puzzle: str, cells: str, previous: str | None = None, color: bool = True, revised: Collection[int] = ()
+) -> str:
     """Return a 9x9 text grid with box lines, for a terminal.
 
     Example (color=False)::
@@ -312,6 +315,7 @@ def render_grid(puzzle: str, cells: str, previous: str | None = None, color: boo
         cells: the 81 characters to show, e.g. the current canvas. Non-blank cells that are blank in `puzzle`
             are drawn in cyan.
         previous: the grid shown last time; cells that differ from it are highlighted (black on yellow).
+        revised: indices of cells to highlight the same way (e.g. cells whose digit changed after it appeared).
         color: emit ANSI escape codes; with False the output is plain text.
 
     Returns:
@@ -322,6 +326,7 @@ def render_grid(puzzle: str, cells: str, previous: str | None = None, color: boo
             raise ValueError(f"{name} must be 81 characters; got {len(grid)}")
     cells = cells.replace("0", BLANK)
     previous = previous.replace("0", BLANK) if previous is not None else None
+    revised = set(revised)
     border = "+-------+-------+-------+"
     lines = [border]
     for r in range(9):
@@ -333,7 +338,7 @@ def render_grid(puzzle: str, cells: str, previous: str | None = None, color: boo
                 style = _cell_style(
                     given=puzzle[i] not in _BLANK_INPUTS,
                     filled=char != BLANK,
-                    changed=previous is not None and previous[i] != cells[i],
+                    changed=(previous is not None and previous[i] != cells[i]) or i in revised,
                 )
                 char = f"{style}{char}{_RESET}" if style else char
             parts.append(char)

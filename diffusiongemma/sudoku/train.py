@@ -2,14 +2,14 @@
 
 A tiny DiffusionGemma (same architecture, small sizes, the 15-token Sudoku vocabulary) learns to write a puzzle's
 solution as one canvas: prompt = <bos> + 81 cells + '|', canvas = 81 solution digits + <eos>. The loss is
-`diffusiongemma.training.block_diffusion_loss`.
-
-Data: a pool of uniquely solvable puzzles is generated once (slow: a uniqueness check per blanked cell), then every
-batch draws from the pool and applies a random Sudoku symmetry (digit relabelling, row/column shuffles within bands
-and stacks, band/stack shuffles, transposition), which keeps uniqueness and makes the data effectively endless.
+`diffusiongemma.training.block_diffusion_loss`; the data (pool, revealed cells, symmetries, curriculum) lives in
+`sudoku/data.py`, the resumable checkpoint in `sudoku/checkpoint.py`.
 
 Output folder: the model (safetensors + config), tokenizer, generation_config.json, `train_log.jsonl` (one line per
-evaluation), and `checkpoint/` (model, optimizer, scheduler, RNG states, step) for `--resume`.
+evaluation), the cached puzzle pool, and `checkpoint/` for `--resume`, which continues bit for bit: same data
+order, same loss draws, same optimizer state (the learning rate is a pure function of the step). Evaluation runs
+under a forked RNG, so how often it runs does not change training. Ctrl-C finishes the current step, saves a
+checkpoint and returns.
 
 Legend: B batch, P prompt length (83), L canvas length (82).
 """
@@ -17,8 +17,11 @@ Legend: B batch, P prompt length (83), L canvas length (82).
 import json
 import math
 import random
+import signal
+import sys
+import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -28,11 +31,13 @@ from ..generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamp
 from ..modeling import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 from ..training.freeze import freeze_router
 from ..training.loss import block_diffusion_loss
-from .puzzles import make_puzzle
+from . import data
+from .checkpoint import load_checkpoint_model, load_trainer_state, restore_rngs, save_checkpoint
 from .solver import solve_puzzles, solve_rate
-from .tokenizer import encode_puzzle, sudoku_tokenizer
+from .tokenizer import sudoku_tokenizer
 
 CANVAS_LENGTH = 82  # 81 digits + <eos>
+EVAL_SEED = 1234  # generation draws during evaluation (under a forked RNG)
 TINY_VISION = dict(
     model_type="gemma4_vision", hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
     num_key_value_heads=2, head_dim=8,
@@ -41,29 +46,41 @@ TINY_VISION = dict(
 
 @dataclass
 class SudokuTrainConfig:
-    """Settings of one training run (saved into the checkpoint for the record; `--resume` takes the model from it).
+    """Settings of one training run (saved in the checkpoint; `--resume` reuses them, explicit options override).
 
     Attributes:
         out: output folder.
-        steps: optimizer steps in total.
+        steps: optimizer steps in total (the cosine schedule ends there).
         batch_size: puzzles per step.
-        givens: evaluation difficulty; training puzzles have givens..givens+givens_spread givens.
-        lr: peak AdamW learning rate (linear warmup, then cosine to 10%).
+        givens: target difficulty; the first of the evaluation levels.
+        eval_givens: further givens counts evaluated at every evaluation (learning curve per difficulty).
+        givens_min: fewest givens of training puzzles once the curriculum is over (default: `givens`); the pool is
+            generated at this count.
+        givens_spread: training puzzles get U{low..low+spread} givens (revealed from the pool's solutions).
+        givens_start: curriculum start: `low` moves linearly from here to `givens_min` over `curriculum_steps`.
+        curriculum_steps: length of the curriculum (0: none).
+        lr: peak AdamW learning rate (linear warmup, then cosine to `lr_floor` of it at `steps`).
         eval_every: steps between evaluations and checkpoints.
-        eval_puzzles: held-out puzzles per evaluation.
-        seed: seeds the model init, the puzzle pool and the training draws.
-        pool_size: uniquely solvable puzzles generated up front.
-        hidden_size, num_layers, num_experts: model size.
+        eval_puzzles: held-out puzzles per evaluated givens count.
+        seed: seeds the model init, the puzzle pool, the data draws and the loss draws.
+        pool_size: uniquely solvable puzzles generated up front (cached in `out`).
+        hidden_size, num_layers, num_experts: model size (ignored with `init_from`).
         ar_weight: weight of the autoregressive prefix loss.
         freeze_router: keep the MoE routers at their initialization.
+        init_from: start from the weights of this model folder (fresh optimizer) instead of a random init.
     """
 
     out: str
     steps: int = 2000
     batch_size: int = 64
     givens: int = 36
+    eval_givens: list[int] = field(default_factory=list)
+    givens_min: int | None = None
     givens_spread: int = 8
+    givens_start: int | None = None
+    curriculum_steps: int = 0
     lr: float = 1e-3
+    lr_floor: float = 0.1
     warmup: int = 100
     weight_decay: float = 0.01
     eval_every: int = 200
@@ -75,6 +92,20 @@ class SudokuTrainConfig:
     num_experts: int = 4
     ar_weight: float = 1.0
     freeze_router: bool = False
+    init_from: str | None = None
+
+    def training_givens(self, step: int) -> tuple[int, int]:
+        """(low, high) givens of the puzzles drawn at `step`."""
+        end = self.givens_min if self.givens_min is not None else self.givens
+        start = self.givens_start if self.givens_start is not None else end
+        low = data.curriculum_givens(step, start, end, self.curriculum_steps)
+        return low, min(80, low + self.givens_spread)
+
+
+def config_from_dict(values: dict) -> SudokuTrainConfig:
+    """A config from a checkpoint's dict (unknown keys from other versions are dropped)."""
+    known = {f.name for f in fields(SudokuTrainConfig)}
+    return SudokuTrainConfig(**{k: v for k, v in values.items() if k in known})
 
 
 def sudoku_model_config(hidden_size: int = 128, num_layers: int = 4, num_experts: int = 4) -> DiffusionGemmaConfig:
@@ -97,59 +128,13 @@ def sudoku_model_config(hidden_size: int = 128, num_layers: int = 4, num_experts
 
 def sudoku_generation_config(**overrides) -> DiffusionGemmaGenerationConfig:
     """Generation settings of the demo model (tuned on held-out puzzles; see docs/training.md)."""
-    fields = dict(
+    fields_ = dict(
         max_new_tokens=CANVAS_LENGTH, max_denoising_steps=48, t_min=0.4, t_max=0.8, stability_threshold=1,
         confidence_threshold=0.005, sampler_config=EntropyBoundSamplerConfig(entropy_bound=0.1),
         eos_token_id=1, pad_token_id=0, bos_token_id=2, return_dict_in_generate=True,
     )
-    fields.update(overrides)
-    return DiffusionGemmaGenerationConfig(**fields)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Data
-
-
-def random_symmetry(rng: random.Random) -> tuple[list[int], str]:
-    """A random validity-preserving Sudoku transform: (cell permutation [81], digit relabelling of '123456789')."""
-
-    def shuffled_lines() -> list[int]:  # shuffle the 3 bands, and the 3 lines inside each band
-        bands = rng.sample(range(3), 3)
-        return [3 * b + i for b in bands for i in rng.sample(range(3), 3)]
-
-    rows, cols = shuffled_lines(), shuffled_lines()
-    transpose = rng.random() < 0.5
-    cells = [(9 * rows[c] + cols[r]) if transpose else (9 * rows[r] + cols[c]) for r in range(9) for c in range(9)]
-    return cells, "".join(rng.sample("123456789", 9))
-
-
-def apply_symmetry(grid: str, cells: list[int], digits: str) -> str:
-    """Move cell cells[i] to cell i and relabel digit d as digits[d-1]; blanks stay blanks."""
-    return "".join(digits[int(grid[j]) - 1] if grid[j].isdigit() else grid[j] for j in cells)
-
-
-def make_pool(rng: random.Random, size: int, givens: int, spread: int) -> list[tuple[str, str]]:
-    """`size` uniquely solvable (puzzle, solution) pairs with givens..givens+spread givens."""
-    return [make_puzzle(rng, rng.randint(givens, min(givens + spread, 80))) for _ in range(size)]
-
-
-def make_batch(pairs: list[tuple[str, str]], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
-    """(puzzle, solution) pairs -> input_ids [B, P] and labels [B, L] (solution digits, then <eos>)."""
-    input_ids = [encode_puzzle(tokenizer, p) for p, _ in pairs]
-    labels = [tokenizer.encode(s, add_special_tokens=False) + [tokenizer.eos_token_id] for _, s in pairs]
-    return torch.tensor(input_ids), torch.tensor(labels)
-
-
-def draw_pairs(rng: random.Random, pool: list[tuple[str, str]], count: int) -> list[tuple[str, str]]:
-    pairs = []
-    for puzzle, solution in rng.choices(pool, k=count):
-        cells, digits = random_symmetry(rng)
-        pairs.append((apply_symmetry(puzzle, cells, digits), apply_symmetry(solution, cells, digits)))
-    return pairs
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Schedule, checkpoints, evaluation
+    fields_.update(overrides)
+    return DiffusionGemmaGenerationConfig(**fields_)
 
 
 def warmup_cosine(step: int, warmup: int, total: int, floor: float = 0.1) -> float:
@@ -160,16 +145,6 @@ def warmup_cosine(step: int, warmup: int, total: int, floor: float = 0.1) -> flo
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def save_checkpoint(folder: Path, model, optimizer, scheduler, step: int, rng: random.Random, cfg) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    state = {
-        "step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "python_rng": rng.getstate(), "torch_rng": torch.get_rng_state(), "config": asdict(cfg),
-    }
-    torch.save(state, folder / "trainer_state.pt")
-
-
 def export_model(out: Path, model, tokenizer, generation_config) -> None:
     """Write the final folder: safetensors + config, tokenizer, generation_config.json."""
     model.generation_config = generation_config
@@ -177,87 +152,143 @@ def export_model(out: Path, model, tokenizer, generation_config) -> None:
     tokenizer.save_pretrained(out)
 
 
-def held_out_puzzles(seed: int, count: int, givens: int) -> list[str]:
-    """Evaluation puzzles from their own seed, disjoint in practice from the training pool."""
-    rng = random.Random(f"sudoku-eval-{seed}")
-    return [make_puzzle(rng, givens)[0] for _ in range(count)]
-
-
 def evaluate(model, tokenizer, puzzles: list[str], batch_size: int = 64) -> dict:
-    """Solve rate and steps of `model.generate` on `puzzles` (eval mode, no grad)."""
+    """Solve rate and steps of `model.generate` on `puzzles` (eval mode, no grad, global RNGs left untouched)."""
     was_training = model.training
     model.eval()
     results = []
-    for i in range(0, len(puzzles), batch_size):
-        results += solve_puzzles(model, tokenizer, puzzles[i : i + batch_size])
+    cuda = [model.device] if model.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(EVAL_SEED)
+        for i in range(0, len(puzzles), batch_size):
+            results += solve_puzzles(model, tokenizer, puzzles[i : i + batch_size])
     model.train(was_training)
     return solve_rate(results)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The loop
+class StopOnInterrupt:
+    """Context manager: the first Ctrl-C sets `requested` (the loop saves and stops after the step); the second
+    one interrupts at once. Only installed in the main thread."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = None
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
-def train_sudoku(cfg: SudokuTrainConfig, resume: bool = False, log=print) -> dict:
-    """Train (or resume) the Sudoku model and export it into `cfg.out`.
+def build_model(cfg: SudokuTrainConfig, log) -> DiffusionGemmaForBlockDiffusion:
+    """A fresh model (seeded init), or the weights of `cfg.init_from` in fp32."""
+    if cfg.init_from:
+        log(f"starting from the weights in {cfg.init_from} (fresh optimizer)")
+        return DiffusionGemmaForBlockDiffusion.from_pretrained(cfg.init_from, dtype=torch.float32)
+    torch.manual_seed(cfg.seed)
+    return DiffusionGemmaForBlockDiffusion(sudoku_model_config(cfg.hidden_size, cfg.num_layers, cfg.num_experts))
+
+
+def _print_now(message: str) -> None:
+    print(message, flush=True)
+
+
+def train_sudoku(cfg: SudokuTrainConfig, resume: bool = False, log=_print_now, device: str = "cpu") -> dict:
+    """Train (or resume) the Sudoku model on `device` and export it into `cfg.out`.
 
     Returns:
-        the last evaluation (solve_rate, mean_steps, median_steps, count, step).
+        the last evaluation (step, losses, `eval_<givens>` solve rates and steps, ...); if Ctrl-C stopped the run
+        early, `{"step", "interrupted": True, "last_evaluation"}` instead.
     """
     out = Path(cfg.out)
     ckpt = out / "checkpoint"
-    torch.manual_seed(cfg.seed)
     tokenizer = sudoku_tokenizer()
     generation_config = sudoku_generation_config()
-    state = None
-    if resume:
-        if not (ckpt / "trainer_state.pt").exists():
-            raise FileNotFoundError(f"--resume: no checkpoint in {ckpt}")
-        state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-        model = DiffusionGemmaForBlockDiffusion.from_pretrained(ckpt)
-    else:
-        model = DiffusionGemmaForBlockDiffusion(sudoku_model_config(cfg.hidden_size, cfg.num_layers, cfg.num_experts))
+    state = load_trainer_state(ckpt) if resume else None
+    model = load_checkpoint_model(ckpt) if resume else build_model(cfg, log)
     model.generation_config = generation_config
-    model.train()
+    model.to(device).train()
     if cfg.freeze_router:
         freeze_router(model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, cfg.warmup, cfg.steps))
-    rng = random.Random(cfg.seed)
-    start = 0
+    rng = random.Random(cfg.seed)  # data draws
+    loss_rng = torch.Generator(device).manual_seed(cfg.seed)  # every draw of the loss
+    start, elapsed, seen = 0, 0.0, 0
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        rng.setstate(state["python_rng"])
-        torch.set_rng_state(state["torch_rng"])
-        start = state["step"]
+        restore_rngs(state, rng, loss_rng, log=log)
+        start, elapsed, seen = state["step"], state["elapsed_s"], state["puzzles_seen"]
 
-    log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; building a pool of "
-        f"{cfg.pool_size} puzzles ({cfg.givens}..{cfg.givens + cfg.givens_spread} givens)")
-    pool = make_pool(random.Random(f"sudoku-pool-{cfg.seed}"), cfg.pool_size, cfg.givens, cfg.givens_spread)
-    eval_set = held_out_puzzles(cfg.seed, cfg.eval_puzzles, cfg.givens)
+    low, high = cfg.training_givens(start)
+    log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters on {device}, "
+        f"{torch.get_num_threads()} threads; training givens {low}..{high} at step {start}")
+    pool_givens = cfg.givens_min if cfg.givens_min is not None else cfg.givens
+    pool = data.load_or_make_pool(out, cfg.seed, cfg.pool_size, pool_givens, log=log)
+    eval_levels = [cfg.givens] + [g for g in cfg.eval_givens if g != cfg.givens]
+    eval_sets = {g: data.held_out_puzzles(cfg.seed, cfg.eval_puzzles, g) for g in eval_levels}
     out.mkdir(parents=True, exist_ok=True)
-    last = {}
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="train sudoku", dynamic_ncols=True)
-    started = time.time()
-    for step in bar:
-        input_ids, labels = make_batch(draw_pairs(rng, pool, cfg.batch_size), tokenizer)
-        result = block_diffusion_loss(model, input_ids=input_ids, labels=labels, ar_weight=cfg.ar_weight)
-        optimizer.zero_grad(set_to_none=True)
-        result.loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        scheduler.step()
-        bar.set_postfix(diff=f"{result.diffusion_loss.item():.3f}", ar=f"{result.ar_loss.item():.3f}"
-                        if result.ar_loss is not None else "-", lr=f"{scheduler.get_last_lr()[0]:.1e}")
-        done = step + 1
-        if done % cfg.eval_every == 0 or done == cfg.steps:
-            last = {"step": done, "diffusion_loss": result.diffusion_loss.item(),
-                    "elapsed_s": round(time.time() - started, 1), **evaluate(model, tokenizer, eval_set)}
-            log(json.dumps(last))
-            with open(out / "train_log.jsonl", "a") as f:
-                f.write(json.dumps(last) + "\n")
-            save_checkpoint(ckpt, model, optimizer, scheduler, done, rng, cfg)
-            export_model(out, model, tokenizer, generation_config)
+
+    def checkpoint(step: int) -> None:
+        save_checkpoint(ckpt, model, optimizer, step, rng, loss_rng, asdict(cfg), elapsed, seen)
+
+    last = {"step": start}
+    interactive = sys.stderr.isatty()
+    bar = tqdm(total=cfg.steps, initial=start, desc="train sudoku", dynamic_ncols=True,
+               mininterval=1 if interactive else 60, file=sys.stderr)
+    losses = []
+    session_start, session_seen = time.time(), 0
+    step = start
+    with StopOnInterrupt() as stop:
+        while step < cfg.steps:
+            tick = time.time()
+            low, high = cfg.training_givens(step)
+            input_ids, labels = data.make_batch(data.draw_pairs(rng, pool, cfg.batch_size, low, high), tokenizer)
+            input_ids, labels = input_ids.to(device), labels.to(device)
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.lr * warmup_cosine(step, cfg.warmup, cfg.steps, cfg.lr_floor)
+            result = block_diffusion_loss(model, input_ids=input_ids, labels=labels, generator=loss_rng,
+                                          ar_weight=cfg.ar_weight)
+            optimizer.zero_grad(set_to_none=True)
+            result.loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            step += 1
+            seen += cfg.batch_size
+            session_seen += cfg.batch_size
+            elapsed += time.time() - tick
+            losses.append(result.diffusion_loss.item())
+            rate = session_seen / max(1e-9, time.time() - session_start)
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", puzzles_s=f"{rate:.1f}", givens=f"{low}-{high}",
+                            lr=f"{optimizer.param_groups[0]['lr']:.1e}", refresh=False)
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                last = {"step": step, "diffusion_loss": round(sum(losses) / len(losses), 4),
+                        "givens_range": [low, high], "lr": optimizer.param_groups[0]["lr"],
+                        "elapsed_s": round(elapsed, 1), "puzzles_seen": seen, "puzzles_per_s": round(rate, 2),
+                        **{f"eval_{g}": evaluate(model, tokenizer, puzzles) for g, puzzles in eval_sets.items()}}
+                losses = []
+                bar.write(f"step {step}: loss {last['diffusion_loss']:.3f}; solved " + ", ".join(
+                    f"{last[f'eval_{g}']['solve_rate']:.0%} at {g} givens in {last[f'eval_{g}']['mean_steps']:.1f} "
+                    "steps" for g in eval_sets), file=sys.stderr)
+                with open(out / "train_log.jsonl", "a") as f:
+                    f.write(json.dumps(last) + "\n")
+                checkpoint(step)
+                export_model(out, model, tokenizer, generation_config)
+            if stop.requested:
+                checkpoint(step)
+                export_model(out, model, tokenizer, generation_config)
+                log(f"interrupted: checkpoint saved at step {step}; continue with --resume")
+                last = {"step": step, "interrupted": True, "last_evaluation": last}
+                break
+    bar.close()
     return last

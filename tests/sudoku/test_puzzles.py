@@ -237,3 +237,11 @@ def test_render_grid_colours_givens_filled_and_changed():
 def test_render_grid_rejects_wrong_length():
     with pytest.raises(ValueError, match="cells must be 81 characters; got 80"):
         render_grid(INKALA, INKALA_SOLUTION[:80])
+
+
+def test_render_grid_highlights_revised_cells():
+    changed = "\033[30;43m"
+    first_blank = INKALA.index(".")
+    text = render_grid(INKALA, INKALA_SOLUTION, revised=[first_blank])
+    assert text.count(changed) == 1 and f"{changed}{INKALA_SOLUTION[first_blank]}" in text
+    assert changed not in render_grid(INKALA, INKALA_SOLUTION, revised=[first_blank], color=False)

@@ -1,32 +1,26 @@
-"""Tests of the Sudoku training recipe (sudoku/train.py) and `diffusiongemma train sudoku`."""
+"""Tests of the Sudoku training recipe (sudoku/train.py, sudoku/checkpoint.py) and `diffusiongemma train sudoku`."""
 
 import json
-import random
+import signal
 
+import pytest
 import torch
 
 from diffusiongemma.cli import main
 from diffusiongemma.modeling import DiffusionGemmaForBlockDiffusion
-from diffusiongemma.sudoku import is_solved, is_valid_solution, make_puzzle, sudoku_tokenizer
-from diffusiongemma.sudoku.train import apply_symmetry, make_batch, random_symmetry, warmup_cosine
+from diffusiongemma.sudoku import data
+from diffusiongemma.sudoku.train import SudokuTrainConfig, train_sudoku, warmup_cosine
+
+TINY = ["--batch-size", "4", "--pool-size", "6", "--hidden-size", "32", "--layers", "2", "--givens", "60",
+        "--eval-puzzles", "2", "--warmup", "2", "--threads", "1"]
 
 
-def test_symmetries_keep_puzzles_solved():
-    rng = random.Random(0)
-    puzzle, solution = make_puzzle(rng, 40)
-    for _ in range(20):
-        cells, digits = random_symmetry(rng)
-        p, s = apply_symmetry(puzzle, cells, digits), apply_symmetry(solution, cells, digits)
-        assert is_valid_solution(s) and is_solved(p, s) and p.count(".") == puzzle.count(".")
+def weights(folder) -> dict:
+    return DiffusionGemmaForBlockDiffusion.from_pretrained(folder, dtype=torch.float32).state_dict()
 
 
-def test_batch_layout():
-    tok = sudoku_tokenizer()
-    puzzle, solution = make_puzzle(random.Random(1), 50)
-    input_ids, labels = make_batch([(puzzle, solution)], tok)
-    assert input_ids.shape == (1, 83) and labels.shape == (1, 82)
-    assert input_ids[0, 0] == tok.bos_token_id and input_ids[0, -1] == tok.sep_token_id
-    assert labels[0, -1] == tok.eos_token_id and tok.decode(labels[0, :81]) == solution
+def last_json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
 def test_warmup_cosine():
@@ -34,22 +28,88 @@ def test_warmup_cosine():
     assert abs(warmup_cosine(100, 10, 100) - 0.1) < 1e-9
 
 
-def test_train_runs_and_resumes(tmp_path, capsys):
-    out = tmp_path / "run"
-    args = ["train", "sudoku", "--out", str(out), "--steps", "2", "--batch-size", "4", "--eval-every", "2",
-            "--eval-puzzles", "2", "--pool-size", "4", "--hidden-size", "32", "--layers", "2", "--givens", "60"]
-    assert main(args) == 0
-    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert first["step"] == 2 and 0 <= first["solve_rate"] <= 1
-    for name in ("model.safetensors", "tokenizer.json", "generation_config.json", "checkpoint/trainer_state.pt"):
-        assert (out / name).exists(), name
-    state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)
-    assert state["step"] == 2
-    before = DiffusionGemmaForBlockDiffusion.from_pretrained(out).state_dict()
+def test_curriculum_moves_from_start_to_target():
+    cfg = SudokuTrainConfig(out="x", givens=36, givens_min=30, givens_start=50, curriculum_steps=100, givens_spread=6)
+    assert cfg.training_givens(0) == (50, 56)
+    assert cfg.training_givens(50) == (40, 46)
+    assert cfg.training_givens(100) == cfg.training_givens(5000) == (30, 36)
+    assert SudokuTrainConfig(out="x", givens=36).training_givens(0) == (36, 44)  # no curriculum: givens..+spread
 
-    assert main([*args[:5], "4", *args[6:], "--resume"]) == 0  # --steps 4, continue from step 2
+
+def test_train_runs_writes_everything_and_learns(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "sudoku", "--out", str(out), "--steps", "6", "--eval-every", "3", "--lr", "3e-3",
+                 "--eval-givens", "70", *TINY]) == 0
+    summary = last_json(capsys)
+    assert summary["step"] == 6 and set(summary["eval_60"]) >= {"solve_rate", "mean_steps", "count"}
+    assert summary["eval_60"]["count"] == 2 and summary["eval_70"]["count"] == 2
+    for name in ("model.safetensors", "tokenizer.json", "generation_config.json", "checkpoint/trainer_state.pt",
+                 "checkpoint/model.safetensors", "pool-G60-N6-S0.txt"):
+        assert (out / name).exists(), name
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
-    assert [entry["step"] for entry in log] == [2, 4]
-    after = DiffusionGemmaForBlockDiffusion.from_pretrained(out).state_dict()
-    assert any(not torch.equal(before[k], after[k]) for k in before)
-    assert torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)["step"] == 4
+    assert [entry["step"] for entry in log] == [3, 6]
+    assert log[-1]["puzzles_seen"] == 24 and log[-1]["puzzles_per_s"] > 0
+    assert log[-1]["diffusion_loss"] < log[0]["diffusion_loss"]  # 3e-3 on a tiny model: the loss drops at once
+    state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=True)  # no pickled objects
+    assert state["step"] == 6 and state["config"]["batch_size"] == 4
+
+
+def test_resume_continues_bit_for_bit(tmp_path, capsys):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ["--steps", "4", "--eval-every", "2", "--givens-start", "70", "--curriculum-steps", "4", *TINY]
+    assert main(["train", "sudoku", "--out", str(straight), *common]) == 0
+    interrupted = ["--steps", "4", "--eval-every", "100", "--givens-start", "70", "--curriculum-steps", "4", *TINY]
+    calls = {"n": 0}
+    real_draw = data.draw_pairs
+
+    def draw_then_interrupt(*args):  # Ctrl-C during the second step: that step finishes, then the run stops
+        calls["n"] += 1
+        if calls["n"] == 2:
+            signal.raise_signal(signal.SIGINT)
+        return real_draw(*args)
+
+    data.draw_pairs = draw_then_interrupt
+    try:
+        assert main(["train", "sudoku", "--out", str(split), *interrupted]) == 130
+    finally:
+        data.draw_pairs = real_draw
+    assert last_json(capsys)["interrupted"] is True
+    assert torch.load(split / "checkpoint" / "trainer_state.pt", weights_only=True)["step"] == 2
+    assert main(["train", "sudoku", "--out", str(split), "--resume"]) == 0  # saved settings, steps 3..4
+    a, b = weights(straight / "checkpoint"), weights(split / "checkpoint")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    sa = torch.load(straight / "checkpoint" / "trainer_state.pt", weights_only=True)
+    sb = torch.load(split / "checkpoint" / "trainer_state.pt", weights_only=True)
+    assert sa["step"] == sb["step"] == 4 and sa["python_rng"] == sb["python_rng"]
+    assert torch.equal(sa["loss_rng"], sb["loss_rng"])
+    assert torch.equal(sa["optimizer"]["state"][0]["exp_avg_sq"], sb["optimizer"]["state"][0]["exp_avg_sq"])
+
+
+def test_init_from_starts_from_given_weights(tmp_path):
+    first = tmp_path / "first"
+    train_sudoku(SudokuTrainConfig(out=str(first), steps=1, batch_size=2, pool_size=2, hidden_size=32, num_layers=2,
+                                   givens=70, eval_every=1, eval_puzzles=1), log=lambda *a: None)
+    second = SudokuTrainConfig(out=str(tmp_path / "second"), steps=1, batch_size=2, pool_size=2, givens=70,
+                               eval_every=1, eval_puzzles=1, init_from=str(first), lr=0.0, warmup=1)
+    train_sudoku(second, log=lambda *a: None)
+    a, b = weights(first), weights(tmp_path / "second")  # lr 0: the step leaves the weights as loaded
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_without_checkpoint_names_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="train without --resume first"):
+        main(["train", "sudoku", "--out", str(tmp_path / "none"), "--resume"])
+
+
+def test_resume_from_another_device_reseeds_the_loss_generator(tmp_path):
+    cfg = SudokuTrainConfig(out=str(tmp_path), steps=1, batch_size=2, pool_size=2, hidden_size=32, num_layers=2,
+                            givens=70, eval_every=1, eval_puzzles=1)
+    train_sudoku(cfg, log=lambda *a: None)
+    path = tmp_path / "checkpoint" / "trainer_state.pt"
+    state = torch.load(path, weights_only=True)
+    assert state["loss_rng_device"] == "cpu"
+    state["loss_rng_device"] = "cuda"  # as if the first part ran on a GPU
+    torch.save(state, path)
+    logs = []
+    summary = train_sudoku(SudokuTrainConfig(**{**cfg.__dict__, "steps": 2}), resume=True, log=logs.append)
+    assert summary["step"] == 2 and any("not bit-identical" in line for line in logs)
