@@ -19,7 +19,8 @@ def generate_mixed(model, run: GenerationRun):
     """Mixed batching: each row commits as soon as its canvas converged and leaves the batch when it finished."""
     config, stack = run.config, model.get_decoder()
     sc_logits = run.self_conditioning_logits
-    first_soft = stack.soft_embedding(sc_logits.to(stack.embed_tokens.weight.dtype)) if sc_logits is not None else None
+    first_soft = (stack.soft_embedding(sc_logits, round_to=stack.embed_tokens.weight.dtype)
+                  if sc_logits is not None else None)
     scheduler = MixedScheduler(
         model, run.sampler, lambda: StableAndConfidentStopper(config.stability_threshold, config.confidence_threshold),
         MixedSettings(run.num_canvases, config.max_denoising_steps, config.t_min, config.t_max, run.eos_ids,

@@ -70,7 +70,7 @@ def new_canvas(model, run: GenerationRun, settings: StepSettings, sequences: tor
         canvas = run.decoder_input_ids
     if c == 0 and run.self_conditioning_logits is not None:
         stack = model.get_decoder()
-        soft = stack.soft_embedding(run.self_conditioning_logits.to(stack.embed_tokens.weight.dtype))  # [B, L, H]
+        soft = stack.soft_embedding(run.self_conditioning_logits, round_to=stack.embed_tokens.weight.dtype)  # [B, L, H]
     settings.stopper.reset(B)
     return CanvasState(
         canvas=canvas, argmax_canvas=canvas, soft=soft,

@@ -96,7 +96,7 @@ def denoise_step(model, state: CanvasState, settings: StepSettings) -> CanvasSta
     # d-g. one pass over the logits: argmax, entropy, sample (RNG), accept, re-noise (RNG), self-conditioning input
     soft = None
     if settings.soft_embed is None:  # from the logits, before the sampler may overwrite them (no RNG involved)
-        soft = stack.soft_embedding(logits.to(stack.embed_tokens.weight.dtype))  # [B, L, H]
+        soft = stack.soft_embedding(logits, round_to=stack.embed_tokens.weight.dtype)  # [B, L, H]
     kept = logits.clone() if settings.keep_logits else None
     try:
         out = settings.sampler.step(logits, rows, settings.soft_embed)

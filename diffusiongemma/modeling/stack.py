@@ -115,10 +115,31 @@ class DiffusionGemmaTextStack(nn.Module):
         cache.advance(T)
         return hidden
 
-    def soft_embedding(self, self_conditioning_logits: torch.Tensor) -> torch.Tensor:
-        """[B, L, V] logits -> [B, L, H]: softmax in fp32, cast to the embedding dtype, times Emb * sqrt(H) (C.9)."""
-        probs = self_conditioning_logits.softmax(dim=-1, dtype=torch.float32)
-        return self.embed_tokens.soft(probs)
+    def soft_embedding(self, self_conditioning_logits: torch.Tensor, round_to: torch.dtype | None = None
+                       ) -> torch.Tensor:
+        """[B, L, V] logits -> [B, L, H]: softmax in fp32, cast to the embedding dtype, times Emb * sqrt(H) (C.9).
+
+        Args:
+            round_to: round the logits to this dtype before the softmax; `generate` passes the embedding dtype, as the
+                reference's generate casts the previous step's logits (spec C.9).
+
+        Without autograd the softmax runs in row blocks into one [B, L, V] buffer of the embedding dtype, so no fp32
+        copy of the whole logits and no whole fp32 softmax are ever alive; the matmul still takes the whole buffer, so
+        the result is bit-identical to the one-shot computation.
+        """
+        dtype = self.embed_tokens.weight.dtype
+        if torch.is_grad_enabled():  # training: the one-shot form, differentiable
+            logits = self_conditioning_logits if round_to is None else self_conditioning_logits.to(round_to)
+            return self.embed_tokens.soft(logits.softmax(dim=-1, dtype=torch.float32))
+        V = self_conditioning_logits.shape[-1]
+        flat = self_conditioning_logits.reshape(-1, V)  # [B*L, V]
+        probs = torch.empty(flat.shape, dtype=dtype, device=flat.device)  # [B*L, V] embedding dtype
+        rows = max(1, (4 << 20) // (4 * V))  # ~4 MB of fp32 per block
+        for start in range(0, flat.shape[0], rows):
+            block = flat[start : start + rows]
+            block = block if round_to is None else block.to(round_to)
+            probs[start : start + rows] = block.softmax(dim=-1, dtype=torch.float32)  # cast to the embedding dtype
+        return self.embed_tokens.soft(probs.view(self_conditioning_logits.shape))
 
     def denoise(
         self,

@@ -42,3 +42,19 @@ def test_without_a_soft_cap_the_logits_are_the_plain_lm_head():
         plain = model.lm_head(model.get_decoder().norm(out.hidden_states[-1])).float()
     assert out.logits.abs().max() > 30  # beyond any cap the checkpoint would use: nothing was squashed
     assert torch.equal(out.logits, plain)
+
+
+def test_soft_embedding_in_row_blocks_equals_the_one_shot_formula():
+    """Without autograd the self-conditioning softmax runs in row blocks (no whole fp32 copy alive); the bits must be
+    those of softmax(logits.to(round_to), fp32).to(embedding dtype) @ Emb * sqrt(H) on the whole tensor."""
+    from conftest import tiny_config
+
+    for dtype in (torch.float32, torch.bfloat16):
+        stack = tiny_model(tiny_config(vocab_size=40000)).to(dtype).get_decoder()  # 26 rows per block: 3 blocks
+        logits = 8 * torch.randn(2, 33, 40000, generator=torch.Generator().manual_seed(0))
+        for round_to in (None, dtype):
+            rounded = logits if round_to is None else logits.to(round_to)
+            expected = stack.embed_tokens.soft(rounded.softmax(dim=-1, dtype=torch.float32))
+            with torch.no_grad():
+                got = stack.soft_embedding(logits, round_to=round_to)
+            assert torch.equal(got, expected), (dtype, round_to)
