@@ -186,5 +186,9 @@ def run_train_sudoku(args) -> int:
     else:
         cfg = SudokuTrainConfig(**given)
     summary = train_sudoku(cfg, resume=args.resume, device=args.device)
-    print(json.dumps(summary))
-    return 130 if summary.get("interrupted") else 0
+    if summary.get("interrupted"):
+        return 130  # train_sudoku has said where the checkpoint is
+    # the final evaluation was printed as the run's last progress line; say where the results are, not it again
+    print(f"done at step {summary['step']}: model written to {cfg.out} (every evaluation, as JSON lines: "
+          f"{Path(cfg.out) / 'train_log.jsonl'})", flush=True)
+    return 0
