@@ -12,9 +12,10 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from ..modeling import DiffusionGemmaForBlockDiffusion
+from ..modeling.config import check_model_folder
 from .puzzles import BLANK, DIGITS, make_puzzle, render_grid
 from .solver import SolveResult, solve_puzzles, solve_rate
-from .tokenizer import sudoku_tokenizer
+from .tokenizer import VOCAB, sudoku_tokenizer
 
 DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
 GRID_LINES = 13  # render_grid draws 13 lines
@@ -25,12 +26,37 @@ def load_demo_model(path: str | Path | None = None) -> tuple[DiffusionGemmaForBl
     path = Path(path) if path is not None else DEMO_MODEL
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"no model in {path} (expected config.json and model.safetensors)")
+    check_model_folder(str(path))  # "not a DiffusionGemma checkpoint" before anything else
     # the bundled weights are stored in bf16 to keep the package small; Sudoku runs in fp32
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(path, dtype=torch.float32).eval()
     tokenizer = (
         PreTrainedTokenizerFast.from_pretrained(path) if (path / "tokenizer.json").exists() else sudoku_tokenizer()
     )
+    check_sudoku_model(model, tokenizer, path)
     return model, tokenizer
+
+
+def check_sudoku_model(model, tokenizer, path) -> None:
+    """Refuse a model that was not trained on Sudoku: its tokenizer must hold the Sudoku vocabulary (see
+    `sudoku/tokenizer.py`) with the same ids, its vocabulary must be that size, and a canvas must fit 81 digits and
+    <eos>. Otherwise generation fails deep in torch or silently writes garbage.
+
+    Raises:
+        ValueError: naming the folder and what does not match.
+    """
+    vocab = tokenizer.get_vocab()
+    wrong = [token for token, index in VOCAB.items() if vocab.get(token) != index]
+    if wrong or tokenizer.sep_token_id != VOCAB["|"] or tokenizer.bos_token_id != VOCAB["<bos>"]:
+        shown = ", ".join(repr(t) for t in wrong[:5]) or "the <bos> and '|' special tokens"
+        raise ValueError(f"--model {path} is not a Sudoku model: its tokenizer lacks the Sudoku vocabulary "
+                         f"({len(VOCAB)} tokens: <pad> <eos> <bos> <unk> . 1-9 |); missing or renumbered: {shown}")
+    vocab_size = model.get_output_embeddings().weight.shape[0]
+    if vocab_size != len(VOCAB):
+        raise ValueError(f"--model {path} is not a Sudoku model: its vocabulary has {vocab_size} tokens, the Sudoku "
+                         f"tokenizer's {len(VOCAB)}")
+    if model.canvas_length < 82:
+        raise ValueError(f"--model {path} is not a Sudoku model: its canvas holds {model.canvas_length} tokens, "
+                         "a solution needs 82 (81 digits and <eos>)")
 
 
 def canvas_cells(tokenizer, ids: list[int]) -> str:
@@ -64,15 +90,18 @@ class GridAnimator:
         puzzle: the puzzle being solved (its givens are drawn bold).
         stream: where to draw (default stdout).
         threshold: probability from which a cell is shown.
+        ansi: redraw in place with colours (for a terminal). Without, nothing but plain text is written: one
+            line per step, then the final grid.
     """
 
     _takes_logits = True  # spec D.7: put_draft(logits=...) instead of the argmax canvas
 
-    def __init__(self, tokenizer, puzzle: str, stream=None, threshold: float = 0.9):
+    def __init__(self, tokenizer, puzzle: str, stream=None, threshold: float = 0.9, ansi: bool = True):
         self.tokenizer = tokenizer
         self.puzzle = puzzle
         self.stream = stream or sys.stdout
         self.threshold = threshold
+        self.ansi = ansi
         self.first: dict[int, str] = {}  # cell -> the digit it first appeared with
         self.revised: set[int] = set()
         self.shown = False
@@ -84,7 +113,12 @@ class GridAnimator:
             if c != BLANK and self.puzzle[i] == BLANK and self.first.setdefault(i, c) != c:
                 self.revised.add(i)
 
-    def _draw(self, cells: str, caption: str) -> None:
+    def _draw(self, cells: str, caption: str, final: bool = False) -> None:
+        if not self.ansi:  # plain text: the steps as lines, the grid once at the end
+            grid = render_grid(self.puzzle, cells, color=False) + "\n" if final else ""
+            self.stream.write(f"{grid}{caption}\n")
+            self.stream.flush()
+            return
         if self.shown:
             self.stream.write(f"\x1b[{GRID_LINES + 1}F\x1b[J")  # back to the grid's first line, erase below
         self.stream.write(render_grid(self.puzzle, cells, revised=self.revised) + f"\n{caption}\n")
@@ -98,7 +132,7 @@ class GridAnimator:
             return
         cells = canvas_cells(self.tokenizer, value[0].tolist())
         self._track(cells)
-        self._draw(cells, f"done after {self.steps} steps; {len(self.revised)} cells revised")
+        self._draw(cells, f"done after {self.steps} steps; {len(self.revised)} cells revised", final=True)
 
     def put_draft(self, value=None, logits=None) -> None:
         if logits is not None:
@@ -124,8 +158,8 @@ def fresh_puzzles(count: int, givens: int, seed: int | None) -> list[str]:
     return [make_puzzle(rng, givens)[0] for _ in range(count)]
 
 
-def solve_one(model, tokenizer, puzzle: str, animate: bool, **generate_kwargs) -> SolveResult:
-    streamer = GridAnimator(tokenizer, puzzle) if animate else None
+def solve_one(model, tokenizer, puzzle: str, animate: bool, ansi: bool = True, **generate_kwargs) -> SolveResult:
+    streamer = GridAnimator(tokenizer, puzzle, ansi=ansi) if animate else None
     (result,) = solve_puzzles(model, tokenizer, [puzzle], streamer=streamer, **generate_kwargs)
     return result
 

@@ -56,6 +56,51 @@ def parse_puzzle(text: str) -> str:
     return stripped.replace("0", BLANK)
 
 
+def givens_clash(puzzle: str) -> str | None:
+    """Return the first rule broken by the givens of `puzzle` (two equal digits in one row, column or box), or None.
+
+    Args:
+        puzzle: 81 characters, see `parse_puzzle`.
+
+    Returns:
+        e.g. "digit 5 appears twice in row 3 (columns 2 and 7)", rows, columns and boxes counted from 1 (boxes
+        left to right, top to bottom); None when no two givens clash.
+    """
+    cells = parse_puzzle(puzzle)
+    for kind, where in (("row", _ROW), ("column", _COL), ("box", _BOX)):
+        seen: dict[tuple[int, str], int] = {}  # (unit, digit) -> first cell holding it
+        for i, char in enumerate(cells):
+            if char == BLANK:
+                continue
+            first = seen.setdefault((where[i], char), i)
+            if first != i:
+                cells_named = ", ".join(f"row {c // 9 + 1} column {c % 9 + 1}" for c in (first, i))
+                return f"digit {char} appears twice in {kind} {where[i] + 1} ({cells_named})"
+    return None
+
+
+def check_puzzle(text: str) -> str:
+    """Return `text` as a normalised puzzle that has a solution.
+
+    Args:
+        text: 81 characters, see `parse_puzzle`.
+
+    Returns:
+        The 81-character puzzle with '.' blanks.
+
+    Raises:
+        ValueError: if `text` is malformed (see `parse_puzzle`), two givens clash (naming them, see
+            `givens_clash`), or the givens admit no solution.
+    """
+    puzzle = parse_puzzle(text)
+    clash = givens_clash(puzzle)
+    if clash is not None:
+        raise ValueError(f"the puzzle breaks the rules: {clash}")
+    if not _search(_digits_of(puzzle), limit=1):
+        raise ValueError("the puzzle has no solution: no two givens clash, but no grid completes them")
+    return puzzle
+
+
 def read_puzzles(path: str | Path) -> list[str]:
     """Return the puzzles in a text file, one per line.
 
@@ -65,10 +110,11 @@ def read_puzzles(path: str | Path) -> list[str]:
         path: file to read.
 
     Returns:
-        The normalised puzzles (see `parse_puzzle`), in file order.
+        The normalised puzzles (see `parse_puzzle`), in file order; each has a solution (see `check_puzzle`).
 
     Raises:
-        ValueError: naming the file and the 1-based line number of the first bad line.
+        ValueError: naming the file and the 1-based line number of the first malformed, contradictory or
+            unsolvable puzzle.
     """
     puzzles = []
     for line_number, line in enumerate(Path(path).read_text().splitlines(), start=1):
@@ -76,7 +122,7 @@ def read_puzzles(path: str | Path) -> list[str]:
         if not stripped or stripped.startswith("#"):
             continue
         try:
-            puzzles.append(parse_puzzle(stripped))
+            puzzles.append(check_puzzle(stripped))
         except ValueError as error:
             raise ValueError(f"{path}, line {line_number}: {error}") from None
     return puzzles

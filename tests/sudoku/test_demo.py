@@ -23,7 +23,8 @@ def json_lines(capsys) -> list[dict]:
 def test_demo_solves_an_easy_puzzle(capsys):
     assert main(["sudoku", "--puzzle", EASY, "--json", "--seed", "0"]) == 0
     (line,) = json_lines(capsys)
-    assert line["puzzle"] == EASY and set(line) == {"puzzle", "solution", "valid", "steps"}
+    assert line["puzzle"] == EASY and set(line) == {"puzzle", "givens", "solution", "valid", "steps"}
+    assert line["givens"] == 78
     assert line["valid"] and line["solution"] == SOLUTION
     assert 1 <= line["steps"] <= 48
 

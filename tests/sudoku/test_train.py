@@ -19,8 +19,8 @@ def weights(folder) -> dict:
     return DiffusionGemmaForBlockDiffusion.from_pretrained(folder, dtype=torch.float32).state_dict()
 
 
-def last_json(capsys) -> dict:
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+def last_log_entry(out) -> dict:
+    return json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
 
 
 def test_warmup_cosine():
@@ -40,7 +40,10 @@ def test_train_runs_writes_everything_and_learns(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "sudoku", "--out", str(out), "--steps", "6", "--eval-every", "3", "--lr", "3e-3",
                  "--eval-givens", "70", *TINY]) == 0
-    summary = last_json(capsys)
+    printed = capsys.readouterr()
+    assert printed.out.count("solved ") + printed.err.count("solved ") == 2  # one line per evaluation, no repeat
+    assert printed.out.strip().splitlines()[-1].startswith(f"done at step 6: model written to {out}")
+    summary = last_log_entry(out)
     assert summary["step"] == 6 and set(summary["eval_60"]) >= {"solve_rate", "mean_steps", "count"}
     assert summary["eval_60"]["count"] == 2 and summary["eval_70"]["count"] == 2
     for name in ("model.safetensors", "tokenizer.json", "generation_config.json", "checkpoint/trainer_state.pt",
@@ -73,7 +76,7 @@ def test_resume_continues_bit_for_bit(tmp_path, capsys):
         assert main(["train", "sudoku", "--out", str(split), *interrupted]) == 130
     finally:
         data.draw_pairs = real_draw
-    assert last_json(capsys)["interrupted"] is True
+    assert "interrupted: checkpoint saved at step 2" in capsys.readouterr().out
     assert torch.load(split / "checkpoint" / "trainer_state.pt", weights_only=True)["step"] == 2
     assert main(["train", "sudoku", "--out", str(split), "--resume"]) == 0  # saved settings, steps 3..4
     a, b = weights(straight / "checkpoint"), weights(split / "checkpoint")
