@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 
 PUZZLE = "53..7....6..195....98....6.8...6...34..8.3..17...2...6.6....28....419..5....8..79"
-SUDOKU_KEYS = {"puzzle", "solution", "valid", "steps"}
+SUDOKU_KEYS = {"puzzle", "givens", "solution", "valid", "steps"}
 
 
 def installed_package() -> Path:
