@@ -24,6 +24,7 @@ setup(
     extras_require={
         "test": ["pytest>=8", "bitsandbytes>=0.49"],
         "bnb": ["bitsandbytes>=0.45"],
+        "plot": ["matplotlib>=3.8"],  # benchmarks/sudoku_showcase.py writes a PNG plot with it
     },
     entry_points={"console_scripts": ["diffusiongemma=diffusiongemma.cli:main"]},
 )
