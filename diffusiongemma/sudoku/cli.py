@@ -170,6 +170,11 @@ def run_sudoku(args) -> int:
     return 0
 
 
+# settings a resumed run must keep: they shape the checkpoint's model, the pool it draws from, or where it started
+FIXED_ON_RESUME = {"hidden_size": "--hidden-size", "num_layers": "--layers", "num_experts": "--experts",
+                   "init_from": "--init-from", "pool_size": "--pool-size", "seed": "--seed"}
+
+
 def run_train_sudoku(args) -> int:
     import torch
 
@@ -181,8 +186,12 @@ def run_train_sudoku(args) -> int:
     names = {f.name for f in dataclasses.fields(SudokuTrainConfig)}
     given = {k: v for k, v in vars(args).items() if k in names and v is not None}
     if args.resume:
-        saved = load_trainer_state(Path(args.out) / "checkpoint")["config"]
-        cfg = dataclasses.replace(config_from_dict(saved), **given)
+        saved = config_from_dict(load_trainer_state(Path(args.out) / "checkpoint")["config"])
+        for name, flag in FIXED_ON_RESUME.items():  # the checkpoint's model and pool cannot change under it
+            if name in given and given[name] != getattr(saved, name):
+                raise ValueError(f"{flag} {given[name]} conflicts with --resume: the checkpoint in {args.out} was "
+                                 f"trained with {flag} {getattr(saved, name)}; drop {flag} or train into a new --out")
+        cfg = dataclasses.replace(saved, **given)
     else:
         cfg = SudokuTrainConfig(**given)
     summary = train_sudoku(cfg, resume=args.resume, device=args.device)

@@ -117,3 +117,14 @@ def test_resume_from_another_device_reseeds_the_loss_generator(tmp_path):
     logs = []
     summary = train_sudoku(SudokuTrainConfig(**{**cfg.__dict__, "steps": 2}), resume=True, log=logs.append)
     assert summary["step"] == 2 and any("not bit-identical" in line for line in logs)
+
+
+@pytest.mark.parametrize("option, value", [("--hidden-size", "64"), ("--layers", "3"), ("--seed", "5")])
+def test_resume_refuses_options_that_conflict_with_the_checkpoint(tmp_path, capsys, option, value):
+    tiny = ["--steps", "1", "--batch-size", "2", "--pool-size", "2", "--hidden-size", "32", "--layers", "2",
+            "--givens", "70", "--eval-every", "1", "--eval-puzzles", "1"]
+    assert main(["train", "sudoku", "--out", str(tmp_path), *tiny]) == 0
+    capsys.readouterr()
+    assert main(["train", "sudoku", "--out", str(tmp_path), "--resume", "--steps", "2", option, value]) == 1
+    err = capsys.readouterr().err
+    assert f"{option} {value} conflicts with --resume" in err and "drop" in err
