@@ -14,16 +14,16 @@ A checkpoint folder holds the model (`save_pretrained`: config.json + fp32 model
     elapsed_s          training seconds over all sessions
     puzzles_seen       training puzzles over all sessions
 
-The folder is replaced atomically (written next to it, then renamed), so an interrupted save never leaves a
-half-written checkpoint behind.
+The folder is replaced atomically (`diffusiongemma.io.atomic`: written next to it, then swapped into place), so an
+interrupted save never leaves a half-written checkpoint behind.
 """
 
 import random
-import shutil
 from pathlib import Path
 
 import torch
 
+from ..io.atomic import atomic_folder
 from ..modeling import DiffusionGemmaForBlockDiffusion
 
 STATE_FILE = "trainer_state.pt"
@@ -31,22 +31,17 @@ STATE_FILE = "trainer_state.pt"
 
 def save_checkpoint(folder: Path, model, optimizer, step: int, rng: random.Random, loss_rng: torch.Generator,
                     config: dict, elapsed_s: float, puzzles_seen: int) -> None:
-    """Write a resumable checkpoint into `folder` (replacing the previous one atomically)."""
-    folder = Path(folder)
-    tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    """Write a resumable checkpoint into `folder`: the model and the trainer state as one unit, through the package's
+    atomic writer (an interrupted save leaves the previous checkpoint whole)."""
     state = {
         "step": step, "optimizer": optimizer.state_dict(), "python_rng": rng.getstate(),
-        "loss_rng": loss_rng.get_state(), "loss_rng_device": loss_rng.device.type, "torch_rng": torch.get_rng_state(), "config": dict(config),
+        "loss_rng": loss_rng.get_state(), "loss_rng_device": loss_rng.device.type,
+        "torch_rng": torch.get_rng_state(), "config": dict(config),
         "elapsed_s": float(elapsed_s), "puzzles_seen": int(puzzles_seen),
     }
-    torch.save(state, tmp / STATE_FILE)
-    shutil.rmtree(old, ignore_errors=True)
-    if folder.exists():
-        folder.rename(old)
-    tmp.rename(folder)
-    shutil.rmtree(old, ignore_errors=True)
+    with atomic_folder(folder, overwrite=True) as work:
+        model.save_pretrained(work)
+        torch.save(state, work / STATE_FILE)
 
 
 def load_trainer_state(folder: Path) -> dict:
