@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+from .io.tokenizer_files import TOKENIZER_FILES, folder_has_tokenizer
 
 
 def _dtype(name: str):
@@ -43,9 +43,7 @@ def has_tokenizer_files(path: str) -> bool:
     A local model folder without them must not load: transformers would quietly build a default tokenizer for the
     model type, whose ids mean nothing to this checkpoint.
     """
-    if not os.path.isdir(path):
-        return True
-    return any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES)
+    return not os.path.isdir(path) or folder_has_tokenizer(path)
 
 
 def add_generate_command(subparsers) -> None:

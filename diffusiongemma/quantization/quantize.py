@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from diffusiongemma.io.atomic import atomic_folder, holds_checkpoint
+from diffusiongemma.io.tokenizer_files import folder_has_tokenizer
 from diffusiongemma.modeling.weights import ENCODER_TEXT_PREFIX
 from diffusiongemma.quantization.experts import ExpertList, unfuse_model_experts
 from diffusiongemma.quantization.fp8 import quantize_fp8_weight
@@ -46,8 +47,6 @@ DEFAULT_IGNORE = [
     "re:.*embed_vision.*",
     "re:.*self_conditioning.*",
 ]
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 # Default NVFP4 calibration prompts: short, varied (chat, code, maths, lists, other languages).
 DEFAULT_CALIBRATION_PROMPTS = [
@@ -258,7 +257,7 @@ def quantize_checkpoint(src: str, dst: str, scheme: str, prompts: list[str] | No
     calibration, source = None, None
     if scheme == NVFP4:
         tokenizer, source = None, "random ids"
-        if any(os.path.isfile(os.path.join(src, f)) for f in TOKENIZER_FILES):
+        if folder_has_tokenizer(src):
             tokenizer, source = AutoTokenizer.from_pretrained(src), "tokenizer"
         calibration = calibration_ids(prompts or DEFAULT_CALIBRATION_PROMPTS, tokenizer,
                                       model.config.text_config.vocab_size)
