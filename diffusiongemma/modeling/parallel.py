@@ -9,8 +9,9 @@ prefix in front. Two entries are ours:
   so sampling and self-conditioning see all V logits on every rank;
 * `model.decoder.embed_tokens`: "embedding_rowwise": the embedding is tied to `lm_head` (spec B.2), so it holds the
   same vocabulary slice; the lookup runs on the slice and the ranks' partial rows are summed (exact: one rank holds
-  the row, the others add zeros). Without this rule the tied weight is sharded for `lm_head` but looked up as a
-  plain tensor, the `mixed torch.Tensor and DTensor` failure of transformers' built-in class.
+  the row, the others add zeros). transformers' built-in class gives its encoder embedding this rule but none to its
+  decoder stack, which owns the tied weight: the hooked lookup then meets a plain weight (`mixed torch.Tensor and
+  DTensor`). Our one stack serves both modes, so one rule covers both.
 
 The self-conditioning soft embedding multiplies a distribution by the whole embedding matrix; `soft_embedding_rows`
 does it on the rank's vocabulary slice and sums the ranks' partial products (a different summation order than one
