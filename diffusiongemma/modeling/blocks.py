@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .parallel import is_dtensor, soft_embedding_rows
+
 
 class RMSNorm(nn.Module):
     """Gemma 4 RMSNorm: fp32 math, the stored weight multiplies directly (no `1 + w`, pitfall H.2).
@@ -61,6 +63,8 @@ class ScaledEmbedding(nn.Embedding):
 
     def soft(self, probs: torch.Tensor) -> torch.Tensor:
         """Soft embedding of a distribution over the vocabulary: probs [B, T, V] -> [B, T, H] (spec C.9)."""
+        if is_dtensor(self.weight):  # sharded on the vocabulary by tensor parallelism (modeling/parallel.py)
+            return soft_embedding_rows(probs.to(self.weight.dtype), self.weight) * self.scale()
         return (probs.to(self.weight.dtype) @ self.weight) * self.scale()
 
 

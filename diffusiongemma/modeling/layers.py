@@ -47,6 +47,6 @@ class DiffusionGemmaLayer(nn.Module):
         dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x1)))
         flat = x1.reshape(-1, x1.shape[-1])  # [B*T, H]
         top_w, top_i = self.router(flat)  # the router reads the un-normalized residual (pitfall H.5)
-        moe = self.experts(self.pre_feedforward_layernorm_2(flat), top_w, top_i).reshape(x1.shape)
+        moe = self.experts(self.pre_feedforward_layernorm_2(flat), top_i, top_w).reshape(x1.shape)
         y = x1 + self.post_feedforward_layernorm(dense + self.post_feedforward_layernorm_2(moe))
         return y * layer_scalar  # spec C.7: the scalar multiplies the whole residual stream

@@ -24,6 +24,8 @@ from .blocks import RMSNorm
 from .cache import BlockDiffusionCache
 from .config import DiffusionGemmaConfig, check_config, check_model_folder
 from .moe import Experts, Router
+from .parallel import add_stack_plans
+from .parallel_request import prepare_parallel_load
 from .stack import DiffusionGemmaTextStack
 from .validation import attention_backend_for, check_experts_implementation, check_forward_inputs
 from .weights import checkpoint_keys, key_mapping_for, loading_problems
@@ -175,6 +177,11 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         self.model = DiffusionGemmaModel(config)
         self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
         self.post_init()
+
+    def init_parallel_plans(self) -> None:
+        """transformers' plans plus the text stack's under our module paths (`modeling/parallel.py`)."""
+        super().init_parallel_plans()
+        add_stack_plans(self)
 
     def get_decoder(self) -> DiffusionGemmaTextStack:
         """The one text stack (`model.decoder`), which runs both modes: encoder (causal, writes the cache) and decoder
@@ -441,6 +448,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         check_model_folder(local)  # exists, has config.json, is DiffusionGemma's
         if os.path.isdir(local):
             check_weight_files(local)  # one weight set, no stale shards
+        kwargs = prepare_parallel_load(cls, pretrained_model_name_or_path, kwargs)  # tensor / expert parallelism
         folder = compressed_tensors_folder(pretrained_model_name_or_path, kwargs)
         if folder is not None:
             return load_compressed_tensors_checkpoint(cls, folder, strict=strict, **kwargs)

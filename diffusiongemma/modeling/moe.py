@@ -148,6 +148,8 @@ def per_expert_ffn(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, ga
     """
     out = torch.zeros_like(x)
     for e in torch.unique(top_i).tolist():  # ascending
+        if e >= gate_up.shape[0]:  # expert parallelism: another rank's expert (see `Experts.forward`)
+            continue
         slot, token = torch.where(top_i.t() == e)  # [k, T] -> slot-major order
         y = expert_ffn(x[token], gate_up[e], down[e]) * top_w[token, slot, None]  # [R, H]
         out.index_add_(0, token, y.to(out.dtype))
@@ -175,8 +177,13 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
 
-    def forward(self, x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor) -> torch.Tensor:
-        """x [T, H] (pre_feedforward_layernorm_2 output), top_w/top_i [T, k] -> [T, H]."""
+    def forward(self, x: torch.Tensor, top_i: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
+        """x [T, H] (pre_feedforward_layernorm_2 output), top_i/top_w [T, k] -> [T, H].
+
+        The argument order is transformers' experts convention (hidden_states, top_k_index, top_k_weights), which its
+        tensor- and expert-parallel hooks call positionally. Under expert parallelism `num_experts` is this rank's
+        count and an id equal to it marks a route to another rank's expert (weight 0): those rows add nothing.
+        """
         if not can_use_grouped_mm(x, self.gate_up_proj):
             return per_expert_ffn(x, top_w, top_i, self.gate_up_proj, self.down_proj)
         order = torch.sort(top_i.reshape(-1)).indices  # as sorted_dispatch, without the host counts
@@ -184,4 +191,7 @@ class Experts(nn.Module):
         y = grouped_expert_ffn(rows, expert_offsets(top_i, order, self.num_experts), self.gate_up_proj,
                                self.down_proj)
         weighted = y * top_w.reshape(-1)[order, None]  # [T*k, H], fp32 weights
+        if getattr(self, "_is_expert_parallel", False):  # set by transformers' expert-parallel sharding
+            # rows past the last expert's block are never written by grouped_mm: drop them, whatever they hold
+            weighted = torch.where(top_i.reshape(-1)[order, None] < self.num_experts, weighted, 0.0)
         return combine(weighted, order, top_i).to(x.dtype)

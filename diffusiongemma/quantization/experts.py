@@ -41,8 +41,8 @@ class ExpertList(nn.ModuleList):
         super().__init__(ExpertMLP(hidden_size, intermediate_size, device, dtype) for _ in range(num_experts))
         self.num_experts = num_experts
 
-    def forward(self, x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor) -> torch.Tensor:
-        """x [T, H] (pre_feedforward_layernorm_2 output), top_w/top_i [T, k] -> [T, H]."""
+    def forward(self, x: torch.Tensor, top_i: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
+        """x [T, H] (pre_feedforward_layernorm_2 output), top_i/top_w [T, k] -> [T, H] (`Experts.forward`'s order)."""
         order, tokens, counts = sorted_dispatch(top_i, self.num_experts)
         rows = x[tokens]  # [T*k, H], contiguous per expert
         y = torch.empty_like(rows)

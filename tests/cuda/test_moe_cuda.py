@@ -46,7 +46,7 @@ def test_experts_equal_builtin_and_match_looped_path(dtype):
     ours.gate_up_proj.copy_(theirs.gate_up_proj)
     ours.down_proj.copy_(theirs.down_proj)
     x, top_w, top_i = routing(H, dtype)
-    got = ours(x, top_w, top_i)
+    got = ours(x, top_i, top_w)
     assert got.dtype == dtype and got.shape == (T, H)
     torch.testing.assert_close(got, looped(ours, x, top_w, top_i), **TOLERANCE[dtype])
     diff = (got.float() - theirs(x, top_i, top_w).float()).abs().max().item()
@@ -64,7 +64,7 @@ def test_unaligned_rows_still_give_the_looped_result(dtype):
     torch.nn.init.normal_(ours.gate_up_proj, std=0.2)
     torch.nn.init.normal_(ours.down_proj, std=0.2)
     x, top_w, top_i = routing(H, dtype)
-    torch.testing.assert_close(ours(x, top_w, top_i), looped(ours, x, top_w, top_i), **TOLERANCE[dtype])
+    torch.testing.assert_close(ours(x, top_i, top_w), looped(ours, x, top_w, top_i), **TOLERANCE[dtype])
 
 
 def test_grouped_mm_branch_is_taken_on_sm80_and_newer():
@@ -82,7 +82,7 @@ def test_experts_backward_matches_looped_path_in_bf16():
     torch.nn.init.normal_(ours.down_proj, std=0.2)
     x, top_w, top_i = routing(H, torch.bfloat16)
     x.requires_grad_(True)
-    grads = torch.autograd.grad(ours(x, top_w, top_i).float().square().sum(), (x, ours.gate_up_proj, ours.down_proj))
+    grads = torch.autograd.grad(ours(x, top_i, top_w).float().square().sum(), (x, ours.gate_up_proj, ours.down_proj))
     y = looped(ours, x, top_w, top_i)
     want = torch.autograd.grad(y.float().square().sum(), (x, ours.gate_up_proj, ours.down_proj))
     for got, expected in zip(grads, want):

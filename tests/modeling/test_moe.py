@@ -52,7 +52,7 @@ def test_experts_match_a_plain_loop_on_both_paths():
     x = torch.randn(10, 16)
     top_w, top_i = torch.rand(10, 2), torch.stack([torch.randperm(4)[:2] for _ in range(10)])
     expected = reference_experts(experts, x, top_w, top_i)
-    torch.testing.assert_close(experts(x, top_w, top_i), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(experts(x, top_i, top_w), expected, atol=1e-5, rtol=1e-5)
     per_expert = per_expert_ffn(x, top_w, top_i, experts.gate_up_proj, experts.down_proj)
     torch.testing.assert_close(per_expert, expected, atol=1e-5, rtol=1e-5)
 
@@ -75,4 +75,4 @@ def test_unaligned_experts_take_the_built_in_eager_arithmetic(dtype):
             g, u = torch.nn.functional.linear(x[token], experts.gate_up_proj[e]).chunk(2, dim=-1)
             y = torch.nn.functional.linear(torch.nn.functional.gelu(g, approximate="tanh") * u, experts.down_proj[e])
             expected.index_add_(0, token, (y * top_w[token, slot, None]).to(dtype))
-    assert torch.equal(experts(x, top_w, top_i), expected)
+    assert torch.equal(experts(x, top_i, top_w), expected)
