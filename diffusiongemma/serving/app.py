@@ -54,7 +54,7 @@ def build_app(options: ServeOptions) -> ServedApp:
     """Load the model and build transformers serve's app around it."""
     from transformers.cli.serving.server import build_server
 
-    from .handlers import DiffusionChatHandler, DiffusionCompletionHandler, NotServed
+    from .handlers import DiffusionChatHandler, DiffusionCompletionHandler, NotServed, add_error_handlers
 
     manager = DiffusionModelManager(device=options.device, dtype=options.dtype, quantization=options.quantization,
                                     force_model=options.model, tokenizer=options.tokenizer)
@@ -65,6 +65,7 @@ def build_app(options: ServeOptions) -> ServedApp:
     app = build_server(manager, chat, completion_handler=completion, response_handler=NotServed("/v1/responses"),
                        transcription_handler=NotServed("/v1/audio/transcriptions"),
                        systemone_handler=NotServed("/v1/systemone"), generation_state=state)
+    add_error_handlers(app)
     return ServedApp(app, state, manager)
 
 

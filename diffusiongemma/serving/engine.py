@@ -17,8 +17,8 @@ from transformers import AutoTokenizer
 from transformers.cli.serving.model_manager import ModelManager
 from transformers.cli.serving.utils import BaseGenerateManager, GenerationState, Modality, _StreamError
 
-from .scheduler import Job, QueueFull, ServingScheduler
-from .settings import BadRequestField, RequestSettings, check_length
+from .scheduler import Job, ServingScheduler
+from .settings import RequestSettings, check_length
 from .streamer import DraftText, RowStreamer
 
 
@@ -79,21 +79,13 @@ class DiffusionGenerateManager(BaseGenerateManager):
             raise TypeError("DiffusionGenerateManager takes the RequestSettings the diffusion handlers build")
         if self.scheduler is None:
             self.scheduler = ServingScheduler(model, **self.options)
-        from fastapi import HTTPException
-
         prompt = inputs["input_ids"][0]  # [P]
-        try:
-            check_length(settings, len(prompt), model.canvas_length, self.scheduler.max_model_len)
-        except BadRequestField as error:
-            raise HTTPException(status_code=400, detail=str(error)) from None
+        check_length(settings, len(prompt), model.canvas_length, self.scheduler.max_model_len)  # else 400
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         tokenizer = getattr(processor, "tokenizer", processor)
         streamer = RowStreamer(tokenizer, loop, queue, settings, response_parser=response_parser)
-        try:
-            self.scheduler.submit(Job(prompt, settings, streamer))
-        except QueueFull as error:
-            raise HTTPException(status_code=429, detail=f"server busy: {error}; retry later") from None
+        self.scheduler.submit(Job(prompt, settings, streamer))  # QueueFull: 429 (handlers.add_error_handlers)
         return queue, streamer
 
     def generate_streaming(self, model, processor, inputs, gen_config, request_id, response_parser=None):

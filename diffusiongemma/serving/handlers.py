@@ -20,6 +20,7 @@ from transformers.cli.serving.chat_completion import (
 )
 from transformers.cli.serving.completion import CompletionHandler, TransformersTextCompletionCreateParams
 
+from .scheduler import QueueFull
 from .settings import BadRequestField, request_settings
 from .streamer import DraftText
 
@@ -92,10 +93,7 @@ class DiffusionHandlerMixin:
     """The parts both handlers override (see the module docstring)."""
 
     def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
-        try:
-            return request_settings(body, model_generation_config)
-        except BadRequestField as error:
-            raise HTTPException(status_code=400, detail=str(error)) from None
+        return request_settings(body, model_generation_config)  # BadRequestField: 400 (`openai_errors`)
 
     async def _non_streaming(self, *args, **kwargs):
         compute = super()._non_streaming
@@ -133,3 +131,24 @@ class NotServed:
     async def handle_request(self, *args, **kwargs):
         raise HTTPException(status_code=501, detail=f"{self.what} is not served for block diffusion; use "
                                                     "/v1/chat/completions or /v1/completions")
+
+
+def openai_error(status: int, message: str, kind: str, param: str | None = None):
+    """An error response in the OpenAI format (the `openai` client shows `error.message`), keeping transformers
+    serve's `detail` field too."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None},
+                         "detail": message}, status_code=status)
+
+
+def add_error_handlers(app) -> None:
+    """A bad field: 400 naming it; a full queue: 429."""
+
+    @app.exception_handler(BadRequestField)
+    async def bad_field(_request, error: BadRequestField):
+        return openai_error(400, str(error), "invalid_request_error", error.field)
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(_request, error: QueueFull):
+        return openai_error(429, f"server busy: {error}; retry later", "rate_limit_error")

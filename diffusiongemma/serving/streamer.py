@@ -63,6 +63,12 @@ class RowStreamer(DirectStreamer):
         """The row need not run any more: the client left, or the response is complete."""
         return self._cancelled.is_set() or self._done
 
+    def _enqueue(self, item) -> None:
+        try:
+            super()._enqueue(item)
+        except RuntimeError:  # the server's event loop is closed (shutting down): nobody is listening
+            pass
+
     def _check_cancelled(self) -> bool:
         """Whether the client left; under `model.generate` this raises instead, which aborts the call."""
         if self._cancelled.is_set() and self.raise_on_cancel:

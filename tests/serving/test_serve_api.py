@@ -14,26 +14,15 @@ openai = pytest.importorskip("openai", reason="the serve extra (openai, fastapi,
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from conftest import tiny_model, tiny_tokenizer, write_generation_config  # noqa: E402
+from serve_checkpoint import write_checkpoint  # noqa: E402
 
 from diffusiongemma import EntropyBoundSamplerConfig  # noqa: E402
 from diffusiongemma.serving.app import BackgroundServer, ServeOptions, build_app  # noqa: E402
 
-L = 16
-STEPS = 6  # denoising steps per canvas: small, so every request is quick
-
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("serve_ckpt")
-    model = tiny_model()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30)  # sharp logits: rows converge after different numbers of steps
-    model.save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    write_generation_config(path, eos_token_id=1, pad_token_id=0, max_new_tokens=32, max_denoising_steps=STEPS,
-                            stability_threshold=0, confidence_threshold=0.8)
-    return str(path)
+    return write_checkpoint(tmp_path_factory.mktemp("serve_ckpt"))
 
 
 def start(checkpoint, **options):
@@ -187,6 +176,28 @@ def test_non_streaming_disconnect_cancels_the_row(live):
     assert wait_for(lambda: served.scheduler.dropped == dropped + 1 and served.scheduler.active_rows == 0)
 
 
+def test_reference_sampling_runs_alone_like_generate(live):
+    served, client, model = live
+    got = ask(client, model, "ref", 3, 32, sampling="reference")
+    ids = chat_ids(served.tokenizer, "ref")
+    torch.manual_seed(3)  # reference mode draws from the global RNG, seeded by the request's seed
+    new = served.model.generate(ids, sampling="reference", max_new_tokens=32).sequences[0, ids.shape[1]:].tolist()
+    new = new[: new.index(1) + 1] if 1 in new else new
+    assert got == served.tokenizer.decode(new[:32], skip_special_tokens=True)
+
+
+def test_chat_command_shows_drafts_and_the_reply(live, capsys):
+    from diffusiongemma.cli import main
+
+    served, client, model = live
+    url = str(client.base_url).removesuffix("/v1/")
+    assert main(["chat", "--url", url, "--prompt", "hello", "--seed", "5", "--max-tokens", "40"]) == 0
+    out, err = capsys.readouterr()
+    assert out == solo_text(served, "hello", 5, 40) + "\n"  # not a terminal: stdout holds only the reply
+    drafts = [line for line in err.splitlines() if line.startswith("[canvas ")]
+    assert drafts and drafts[0].startswith("[canvas 1, step 1] ") and "\x1b" not in out + err
+
+
 def test_stop_string_ends_the_reply(live):
     served, client, model = live
     full = solo_text(served, "stop test", 4, 48)
@@ -205,7 +216,7 @@ def test_bad_values_are_400_naming_the_field(live, field, value):
     body = {"model": model, "messages": [{"role": "user", "content": "x"}], field: value}
     with pytest.raises(openai.BadRequestError) as error:
         client.post("/chat/completions", body=body, cast_to=object)
-    assert f"`{field}`" in str(error.value.body)
+    assert f"`{field}`" in error.value.message and error.value.body["param"] == field
 
 
 def test_unknown_field_is_refused_and_temperature_accepted(live):
