@@ -94,6 +94,10 @@ class ServingScheduler:
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the scheduler is shut down")
+            if len(self._waiting) >= self.max_queue:  # clients that left while waiting free their places first
+                for gone in [j for j in self._waiting if j.streamer.abandoned]:
+                    self._waiting.remove(gone)
+                    gone.streamer.end()
             if len(self._waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting already (--max-queue {self.max_queue})")
             self._waiting.append(job)
