@@ -12,6 +12,7 @@ then versions and hardware.
 """
 
 import argparse
+import math
 import os
 import platform
 import statistics
@@ -32,9 +33,9 @@ DEMO_MODEL = os.path.join(os.path.dirname(__import__("diffusiongemma.sudoku", fr
 
 
 def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100])."""
+    """Nearest-rank percentile (q in (0, 100]): the smallest value with at least q% of the values at or below it."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def one_request(client, model: str, prompt: str, seed: int) -> dict:
@@ -130,7 +131,7 @@ def main() -> None:
           f" max_batch_size {args.max_batch_size}, puzzles with {args.givens} givens; model {args.model}")
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, openai {openai.__version__}, "
           f"python {sys.version.split()[0]}, {platform.machine()} {platform.processor() or platform.platform()}, "
-          f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, median of 1 run per level")
+          f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, one run per level")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ Legend: n rows in the pool, d denoising rows, T tokens in a pass, P prompt, L ca
 
 import collections
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -57,7 +57,6 @@ class ServedRow(Row):
     generator: torch.Generator | None = None
     eos_ids: torch.Tensor | None = None  # [E]
     num_canvases: int = 0
-    stats: dict = field(default_factory=dict)
 
 
 class ServingScheduler:
