@@ -1,4 +1,4 @@
-"""transformers serve's chat and legacy-completion handlers, taught three things through their overridable parts:
+"""transformers serve's chat and legacy-completion handlers, taught block diffusion through their overridable parts:
 
 - `_valid_params_class`: the extra body fields (`max_denoising_steps`, ..., `stream_drafts`) are accepted;
 - `_build_generation_config`: builds and validates our `RequestSettings` (400 naming the bad field);
@@ -7,6 +7,7 @@
   non-streaming request is cancelled like a streaming one (transformers serve cancels streams only).
 
 Everything else (templates, tool parsing, SSE framing, usage, finish reasons) is transformers serve's own code.
+`add_error_handlers` answers a bad field (400) and a full queue (429) in the OpenAI error format.
 """
 
 import asyncio

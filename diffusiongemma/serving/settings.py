@@ -25,7 +25,6 @@ logger = logging.get_logger(__name__)
 # extra body fields -> how they land on the generation config
 CONFIG_FIELDS = ("max_denoising_steps", "t_min", "t_max", "stability_threshold", "confidence_threshold")
 FLOAT_FIELDS = ("t_min", "t_max", "confidence_threshold", "entropy_bound")  # a JSON int (1) is a float here
-EXTRA_FIELDS = (*CONFIG_FIELDS, "entropy_bound", "sampling", "stream_drafts")
 UNUSED_AR_FIELDS = ("temperature", "top_p")
 MAX_STOP_STRINGS = 4  # as the OpenAI API
 

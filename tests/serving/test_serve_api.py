@@ -247,3 +247,25 @@ def test_queue_limit_gives_429(checkpoint):
     finally:
         server.stop()
         served.state.shutdown()
+
+
+def test_fp8_checkpoint_is_served_with_our_class(tmp_path):
+    from quantization.ct_checkpoint import REGEX_IGNORE, write_compressed_checkpoint
+
+    from conftest import tiny_model, tiny_tokenizer
+    from diffusiongemma.quantization.fp8 import FP8Linear
+
+    write_compressed_checkpoint(tiny_model(seed=3), tmp_path, "FP8_DYNAMIC", REGEX_IGNORE)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    served, server, client = start(str(tmp_path), max_batch_size=2)
+    try:
+        assert isinstance(served.model.model.decoder.layers[0].self_attn.q_proj, FP8Linear)
+        reply = client.completions.create(model=str(tmp_path), prompt="abc", max_tokens=16, seed=2,
+                                          extra_body={"max_denoising_steps": 3})
+        ids = served.tokenizer("abc", return_tensors="pt")["input_ids"]
+        new = served.model.generate(ids, sampling="fast", seed=2, max_new_tokens=16, max_denoising_steps=3)
+        expected = served.tokenizer.decode(new.sequences[0, ids.shape[1]:], skip_special_tokens=True)
+        assert reply.choices[0].text == expected
+    finally:
+        server.stop()
+        served.state.shutdown()
