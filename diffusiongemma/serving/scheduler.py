@@ -127,12 +127,16 @@ class ServingScheduler:
                     while self._waiting and len(active) + len(admitted) < self.max_batch_size:
                         admitted.append(self._waiting.popleft())
                 for job in admitted:
-                    if job.settings.sampling != "fast":
-                        self._run_alone(job)
-                    elif not job.streamer.abandoned:
-                        self._admit(job, active)
-                    else:
+                    if job.streamer.abandoned:
                         job.streamer.end()
+                    elif job.settings.sampling != "fast":
+                        self._run_alone(job)
+                    else:
+                        try:
+                            self._admit(job, active)
+                        except Exception as error:  # noqa: BLE001 - this request fails, the server goes on
+                            logger.error(f"admitting a request failed: {error}", exc_info=True)
+                            job.streamer.fail(f"generation failed: {error}")
                 abandoned = [i for i, r in enumerate(active) if r.job.streamer.abandoned]
                 self.dropped += len(abandoned)
                 self._leave(active, abandoned)
