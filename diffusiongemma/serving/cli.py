@@ -92,7 +92,7 @@ def run_chat(args) -> int:
     model = client.models.list().data[0].id
     ansi = not args.no_color and not os.environ.get("NO_COLOR") and sys.stdout.isatty()
     messages = []
-    lines = [args.prompt] if args.prompt is not None else sys.stdin
+    lines = [args.prompt] if args.prompt is not None else _typed_lines(sys.stdin)
     for line in lines:
         if not line.strip():
             continue
@@ -102,3 +102,15 @@ def run_chat(args) -> int:
                              steps=args.steps)
         messages.append({"role": "assistant", "content": reply})
     return 0
+
+
+def _typed_lines(stream):
+    """Lines from `stream`, with a "> " prompt before each when it is a terminal."""
+    interactive = stream.isatty()
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = stream.readline()
+        if not line:
+            return
+        yield line
