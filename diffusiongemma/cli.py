@@ -200,11 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_command(subparsers)
     from .accuracy.cli import add_accuracy_commands
     from .quantization.cli import add_quantize_command
+    from .serving.cli import add_serve_commands
     from .sudoku.cli import add_sudoku_commands
 
     add_sudoku_commands(subparsers)
     add_quantize_command(subparsers)
     add_accuracy_commands(subparsers)
+    add_serve_commands(subparsers)
     return parser
 
 

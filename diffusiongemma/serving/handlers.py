@@ -1,0 +1,155 @@
+"""transformers serve's chat and legacy-completion handlers, taught block diffusion through their overridable parts:
+
+- `_valid_params_class`: the extra body fields (`max_denoising_steps`, ..., `stream_drafts`) are accepted;
+- `_build_generation_config`: builds and validates our `RequestSettings` (400 naming the bad field);
+- `_build_chunk_sse`: a `DraftText` queue item becomes a chunk with an empty delta and the extra `draft` field;
+- `_non_streaming`: the JSON response waits in a response object that also watches for the client leaving, so a
+  non-streaming request is cancelled like a streaming one (transformers serve cancels streams only).
+
+Everything else (templates, tool parsing, SSE framing, usage, finish reasons) is transformers serve's own code.
+`add_error_handlers` answers a bad field (400) and a full queue (429) in the OpenAI error format.
+"""
+
+import asyncio
+import json
+
+from fastapi import HTTPException
+from fastapi.responses import Response
+from transformers.cli.serving.chat_completion import (
+    ChatCompletionHandler,
+    TransformersCompletionCreateParamsStreaming,
+)
+from transformers.cli.serving.completion import CompletionHandler, TransformersTextCompletionCreateParams
+
+from .scheduler import QueueFull
+from .settings import BadRequestField, request_settings
+from .streamer import DraftText
+
+
+class DiffusionFields(TransformersCompletionCreateParamsStreaming, total=False):
+    """Chat request fields: OpenAI's and transformers serve's, plus the diffusion settings."""
+
+    max_denoising_steps: int
+    entropy_bound: float
+    t_min: float
+    t_max: float
+    stability_threshold: int
+    confidence_threshold: float
+    sampling: str
+    stream_drafts: bool
+
+
+class DiffusionTextFields(TransformersTextCompletionCreateParams, total=False):
+    """Legacy completion request fields plus the diffusion settings."""
+
+    max_denoising_steps: int
+    entropy_bound: float
+    t_min: float
+    t_max: float
+    stability_threshold: int
+    confidence_threshold: float
+    sampling: str
+    stream_drafts: bool
+
+
+def draft_field(draft: DraftText) -> dict:
+    """The documented `draft` field of a chunk (docs/serving.md)."""
+    return {"text": str(draft), "canvas": draft.canvas, "step": draft.step, "provisional": True}
+
+
+def with_draft(sse: str, draft: DraftText) -> str:
+    """Add the `draft` field to one SSE `data: {...}` event."""
+    payload = json.loads(sse.removeprefix("data: "))
+    payload["draft"] = draft_field(draft)
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+class DisconnectAwareResponse(Response):
+    """A response computed while the client waits, abandoned (its coroutine cancelled) if the client leaves first.
+
+    Args: make: coroutine function returning the real response.
+    """
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    async def __call__(self, scope, receive, send) -> None:
+        async def client_left():
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        work, watch = asyncio.ensure_future(self.make()), asyncio.ensure_future(client_left())
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():  # the client left: cancelling `work` frees its row
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            return
+        watch.cancel()
+        response = work.result()  # raises the handler's HTTPException, if any
+        await response(scope, receive, send)
+
+
+class DiffusionHandlerMixin:
+    """The parts both handlers override (see the module docstring)."""
+
+    def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
+        return request_settings(body, model_generation_config)  # BadRequestField: 400 (`openai_errors`)
+
+    async def _non_streaming(self, *args, **kwargs):
+        compute = super()._non_streaming
+        return DisconnectAwareResponse(lambda: compute(*args, **kwargs))
+
+
+class DiffusionChatHandler(DiffusionHandlerMixin, ChatCompletionHandler):
+    """`/v1/chat/completions` for block diffusion."""
+
+    _valid_params_class = DiffusionFields
+
+    def _build_chunk_sse(self, request_id: str = "", content=None, model=None, **kwargs) -> str:
+        if isinstance(content, DraftText):
+            return with_draft(super()._build_chunk_sse(request_id, model=model), content)
+        return super()._build_chunk_sse(request_id, content=content, model=model, **kwargs)
+
+
+class DiffusionCompletionHandler(DiffusionHandlerMixin, CompletionHandler):
+    """`/v1/completions` for block diffusion."""
+
+    _valid_params_class = DiffusionTextFields
+
+    def _build_chunk_sse(self, request_id: str, model_id: str, text: str = "", **kwargs) -> str:
+        if isinstance(text, DraftText):
+            return with_draft(super()._build_chunk_sse(request_id, model_id, text=""), text)
+        return super()._build_chunk_sse(request_id, model_id, text=text, **kwargs)
+
+
+class NotServed:
+    """A route transformers serve has that block diffusion does not: answers 501 with where to go instead."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    async def handle_request(self, *args, **kwargs):
+        raise HTTPException(status_code=501, detail=f"{self.what} is not served for block diffusion; use "
+                                                    "/v1/chat/completions or /v1/completions")
+
+
+def openai_error(status: int, message: str, kind: str, param: str | None = None):
+    """An error response in the OpenAI format (the `openai` client shows `error.message`), keeping transformers
+    serve's `detail` field too."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None},
+                         "detail": message}, status_code=status)
+
+
+def add_error_handlers(app) -> None:
+    """A bad field: 400 naming it; a full queue: 429."""
+
+    @app.exception_handler(BadRequestField)
+    async def bad_field(_request, error: BadRequestField):
+        return openai_error(400, str(error), "invalid_request_error", error.field)
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(_request, error: QueueFull):
+        return openai_error(429, f"server busy: {error}; retry later", "rate_limit_error")

@@ -1,0 +1,155 @@
+"""One request's generation settings, read from an OpenAI request body and validated (a bad value names its field).
+
+Standard fields: `max_tokens` (chat also `max_completion_tokens`), `stop`, `seed`. Extra body fields (the `openai`
+client sends them with `extra_body=`): the diffusion settings `max_denoising_steps`, `entropy_bound`, `t_min`, `t_max`,
+`stability_threshold`, `confidence_threshold`, `sampling`, and `stream_drafts`. `temperature` and `top_p` are accepted
+and reported unused once (block diffusion follows its own temperature schedule), as `generate` does.
+
+Every range check is `DiffusionGemmaGenerationConfig.validate`'s, applied one field at a time so the error names the
+field the client sent.
+"""
+
+import copy
+import math
+from dataclasses import dataclass, field
+from numbers import Integral, Real
+
+from transformers.utils import logging
+
+from ..generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig, resolve_generation_config
+from ..generation.resolve import SEED_MAX
+from ..generation.sampler import SAMPLERS
+
+logger = logging.get_logger(__name__)
+
+# extra body fields -> how they land on the generation config
+CONFIG_FIELDS = ("max_denoising_steps", "t_min", "t_max", "stability_threshold", "confidence_threshold")
+FLOAT_FIELDS = ("t_min", "t_max", "confidence_threshold", "entropy_bound")  # a JSON int (1) is a float here
+UNUSED_AR_FIELDS = ("temperature", "top_p")
+MAX_STOP_STRINGS = 4  # as the OpenAI API
+
+
+class BadRequestField(ValueError):
+    """A request field holds a bad value. `field` names it; the server answers 400 with the message."""
+
+    def __init__(self, field_name: str, message: str):
+        self.field = field_name
+        super().__init__(f"`{field_name}`: {message}")
+
+
+@dataclass
+class RequestSettings:
+    """What one request asks for (passed where transformers serve passes a `GenerationConfig`).
+
+    `max_new_tokens` is the OpenAI `max_tokens`: the response holds at most that many tokens, generated as
+    ceil(max_new_tokens / L) whole canvases.
+    """
+
+    config: DiffusionGemmaGenerationConfig  # resolved and validated, max_new_tokens included
+    max_new_tokens: int
+    seed: int | None = None
+    sampling: str = "fast"
+    stop: list[str] = field(default_factory=list)
+    stream_drafts: bool = False
+    length_field: str = "max_tokens"  # the body field that set max_new_tokens (named by a length error)
+
+    @property
+    def eos_token_id(self):
+        return self.config.eos_token_id
+
+
+def _number(name: str, value, want_int: bool):
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise BadRequestField(name, f"must be a number, got {value!r}")
+    if want_int:
+        if not isinstance(value, Integral):
+            raise BadRequestField(name, f"must be an integer, got {value!r}")
+        return int(value)
+    value = float(value)
+    if not math.isfinite(value):
+        raise BadRequestField(name, f"must be finite, got {value!r}")
+    return value
+
+
+def _checked(config: DiffusionGemmaGenerationConfig, name: str, attr: str, value) -> None:
+    """Set one field on a copy of `config` and validate it, so a failure names `name`."""
+    trial = copy.deepcopy(config)
+    setattr(trial, attr, value)
+    try:
+        trial.validate()
+    except ValueError as error:
+        raise BadRequestField(name, str(error)) from None
+
+
+def stop_strings(value) -> list[str]:
+    """`stop`: None, a string or a list of at most 4 non-empty strings."""
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise BadRequestField("stop", f"must be a non-empty string or a list of them, got {value!r}")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise BadRequestField("stop", f"at most {MAX_STOP_STRINGS} strings, got {len(stops)}")
+    return list(stops)
+
+
+def request_settings(body: dict, model_generation_config) -> RequestSettings:
+    """Read and validate the settings of one request body.
+
+    Args:
+        body: the JSON body (chat or legacy completions).
+        model_generation_config: the model's `generation_config` (the defaults).
+
+    Raises:
+        BadRequestField: naming the first bad field.
+    """
+    config, _, _ = resolve_generation_config(model_generation_config, None, {})
+    config.max_length = None  # the server counts new tokens only
+    present = {k: v for k, v in body.items() if v is not None}
+    for name in UNUSED_AR_FIELDS:
+        if name in present:
+            _number(name, present[name], want_int=False)
+            logger.warning_once(f"`{name}` is not used by block diffusion, which follows its own temperature "
+                                "schedule from `t_max` to `t_min`; pass those instead.")
+    token_field = "max_completion_tokens" if "max_completion_tokens" in present else "max_tokens"
+    if token_field in present:
+        max_new = _number(token_field, present[token_field], want_int=True)
+        _checked(config, token_field, "max_new_tokens", max_new)
+        config.max_new_tokens = max_new
+    for name in CONFIG_FIELDS:
+        if name in present:
+            value = _number(name, present[name], want_int=name not in FLOAT_FIELDS)
+            _checked(config, name, name, value)
+            setattr(config, name, value)
+    if "entropy_bound" in present:
+        bound = _number("entropy_bound", present["entropy_bound"], want_int=False)
+        if not bound > 0:
+            raise BadRequestField("entropy_bound", f"must be > 0, got {bound!r}")
+        config.sampler_config = EntropyBoundSamplerConfig(entropy_bound=bound)
+    if not config.t_max > config.t_min:
+        name = "t_max" if "t_max" in present else "t_min"
+        raise BadRequestField(name, f"`t_max` must be greater than `t_min`, got t_max={config.t_max} <= "
+                                    f"t_min={config.t_min}")
+    seed = present.get("seed")
+    if seed is not None:
+        seed = _number("seed", seed, want_int=True)
+        if not 0 <= seed <= SEED_MAX:
+            raise BadRequestField("seed", f"must lie in [0, 2**64 - 1], got {seed}")
+    sampling = present.get("sampling", "fast")
+    if sampling not in SAMPLERS:
+        raise BadRequestField("sampling", f"must be one of {sorted(SAMPLERS)}, got {sampling!r}")
+    drafts = present.get("stream_drafts", False)
+    if not isinstance(drafts, bool):
+        raise BadRequestField("stream_drafts", f"must be true or false, got {drafts!r}")
+    length_field = token_field if token_field in present else "messages" if "messages" in body else "prompt"
+    return RequestSettings(config=config, max_new_tokens=config.max_new_tokens, seed=seed, sampling=sampling,
+                           stop=stop_strings(present.get("stop")), stream_drafts=drafts, length_field=length_field)
+
+
+def check_length(settings: RequestSettings, prompt_length: int, canvas_length: int, max_model_len: int) -> None:
+    """The prompt plus whole canvases must fit the server's per-request room (`--max-model-len`)."""
+    canvases = math.ceil(settings.max_new_tokens / canvas_length)
+    if prompt_length + canvases * canvas_length > max_model_len:
+        raise BadRequestField(settings.length_field, f"the prompt ({prompt_length} tokens) plus {canvases} "
+                                                     f"canvas(es) of {canvas_length} tokens exceed this server's "
+                                                     f"--max-model-len ({max_model_len})")

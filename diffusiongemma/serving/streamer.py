@@ -1,0 +1,150 @@
+"""The streamer of one served request: transformers serve's `DirectStreamer` taught the block-diffusion contract.
+
+Spec D.7: `put(prompt)`, then `put_draft(value=[1, L])` after every denoising step and `put([1, L])` for every committed
+canvas, then `end()`. Committed tokens become ordinary text items on the request's queue (decoded incrementally, fed
+through the response parser when the model has one, exactly as `DirectStreamer` does); drafts, when the request asked
+for them, become `DraftText` items that the handlers turn into the documented `draft` field of a chunk.
+
+The response holds at most `max_new_tokens` tokens and ends at the first EOS; a `stop` string ends it too (the text
+before it is kept). Either way `abandoned` tells the scheduler to drop the row at the next step boundary, as does
+`cancel()` (a client that went away).
+"""
+
+import threading
+
+from transformers.cli.serving.utils import DirectStreamer, _GenerationCancelled, response_events_to_chunks
+
+from .settings import RequestSettings
+
+
+class DraftText(str):
+    """Provisional text of the canvas being denoised (the argmax canvas after a step). `canvas` counts the canvases
+    committed before it, `step` the denoising steps of this canvas so far (from 1)."""
+
+    canvas: int
+    step: int
+
+    def __new__(cls, text: str, canvas: int, step: int):
+        draft = super().__new__(cls, text)
+        draft.canvas, draft.step = canvas, step
+        return draft
+
+
+class RowStreamer(DirectStreamer):
+    """Streams one request. Called from the scheduler thread; items reach `queue` through `loop`.
+
+    Args:
+        tokenizer: the transformers tokenizer (drafts are decoded whole with it; commits incrementally with its Rust
+            tokenizer, as `DirectStreamer` does).
+        loop / queue: the request's event loop and asyncio queue.
+        settings: the request's `RequestSettings` (max_new_tokens, stop, stream_drafts, EOS ids).
+        response_parser: transformers' `ResponseParser` for models with a response template, else None.
+    """
+
+    def __init__(self, tokenizer, loop, queue, settings: RequestSettings, response_parser=None):
+        super().__init__(tokenizer._tokenizer, loop, queue, response_parser=response_parser)
+        self.tokenizer = tokenizer
+        self.max_new_tokens = settings.max_new_tokens
+        self.stop = settings.stop
+        self.drafts = settings.stream_drafts
+        eos = settings.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+        self.generated: list[int] = []  # committed ids of the response, up to and including the first EOS
+        self.canvas = 0  # canvases committed
+        self.step = 0  # denoising steps of the current canvas
+        self.ended = False
+        self._done = False  # EOS, max_new_tokens or a stop string reached
+        self._held = ""  # text held back: it may be the start of a stop string
+        self._end_lock = threading.Lock()
+        self.raise_on_cancel = False  # set when `model.generate` drives this streamer: raising aborts it
+
+    @property
+    def abandoned(self) -> bool:
+        """The row need not run any more: the client left, or the response is complete."""
+        return self._cancelled.is_set() or self._done
+
+    def _enqueue(self, item) -> None:
+        try:
+            super()._enqueue(item)
+        except RuntimeError:  # the server's event loop is closed (shutting down): nobody is listening
+            pass
+
+    def _check_cancelled(self) -> bool:
+        """Whether the client left; under `model.generate` this raises instead, which aborts the call."""
+        if self._cancelled.is_set() and self.raise_on_cancel:
+            raise _GenerationCancelled()
+        return self._cancelled.is_set()
+
+    def _emit(self, text: str) -> None:
+        if not text:
+            return
+        if self._parser is None:
+            self._enqueue(text)
+        else:
+            for item in response_events_to_chunks(self._parser.feed(text)):
+                self._enqueue(item)
+
+    def _filter_stop(self, text: str, final: bool) -> str:
+        """Text safe to send now: everything before a stop string (then the response is done), else all but the tail
+        that could still begin one."""
+        pending = self._held + text
+        hits = [i for i in (pending.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            self._held, self._done = "", True
+            return pending[: min(hits)]
+        keep = 0 if final or not self.stop else min(len(pending), max(len(s) for s in self.stop) - 1)
+        self._held = pending[len(pending) - keep :]
+        return pending[: len(pending) - keep]
+
+    def put(self, value) -> None:
+        """value [1, n] or [n]: the prompt (first call, skipped) or a committed canvas."""
+        if self._check_cancelled():
+            return
+        if self._first:
+            self._first = False
+            return
+        self.canvas, self.step = self.canvas + 1, 0
+        pieces = []
+        for token in value.reshape(-1).tolist():
+            if self._done or len(self.generated) >= self.max_new_tokens:
+                break
+            self.generated.append(token)
+            text = self._decode_stream.step(self._tokenizer, token)
+            if text:
+                pieces.append(text)
+            if token in self.eos_ids:
+                self._done = True
+        self.total_tokens = len(self.generated)
+        if len(self.generated) >= self.max_new_tokens:
+            self._done = True
+        self._emit(self._filter_stop("".join(pieces), final=False))
+
+    def put_draft(self, value=None, logits=None) -> None:
+        """value [1, L]: the argmax canvas after a denoising step."""
+        if self._check_cancelled():
+            return
+        self.step += 1
+        if not self.drafts or value is None or self._done:
+            return
+        ids = value.reshape(-1).tolist()[: self.max_new_tokens - len(self.generated)]
+        self._enqueue(DraftText(self.tokenizer.decode(ids, skip_special_tokens=True), self.canvas, self.step))
+
+    def end(self) -> None:
+        """Flush the held-back text and close the stream (once, whoever calls it)."""
+        with self._end_lock:
+            if self.ended:
+                return
+            self.ended = True
+        self._emit(self._filter_stop("", final=True))
+        super().end()
+
+    def fail(self, message: str) -> None:
+        """End the stream with an error item (the handlers send it as an SSE error)."""
+        from transformers.cli.serving.utils import _StreamError
+
+        with self._end_lock:
+            if self.ended:
+                return
+            self.ended = True
+        self._enqueue(_StreamError(message))
+        self._enqueue(None)
