@@ -26,7 +26,7 @@ setup(
                  "pydantic>=2,<3"],
         # `diffusiongemma serve` / `chat`: transformers serve's own dependencies (transformers[serving]); tested with
         # fastapi 0.165, uvicorn 0.54, openai 3.57, pydantic 2.14
-        "serve": ["fastapi>=0.115,<1", "uvicorn>=0.30,<1", "openai>=1.98,<4", "pydantic>=2,<3"],
+        "serve": ["fastapi>=0.115,<1", "uvicorn>=0.30,<1", "openai>=1.98,<4", "pydantic>=2,<3", "typing_extensions>=4.7"],
         "bnb": ["bitsandbytes>=0.45"],
         "plot": ["matplotlib>=3.8"],  # benchmarks/sudoku_showcase.py writes a PNG plot with it
     },

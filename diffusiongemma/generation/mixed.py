@@ -131,18 +131,9 @@ class MixedScheduler:
 
     def _pass(self, active: list[Row], cache: RowCache) -> list[int]:
         """One shared forward over the pool, then every row's transition. Returns the slots of rows that finished."""
-        L = self.L
-        tokens = pad_sequence([r.tokens for r in active], batch_first=True)  # [n, T], zero padded
-        q_lens = [len(r.tokens) for r in active]
-        encoder_rows = [r.phase != DENOISE for r in active]
-        soft_slots = [i for i, r in enumerate(active) if r.phase == DENOISE and r.soft is not None]
-        soft = torch.stack([active[i].soft for i in soft_slots]) if soft_slots else None
-        hidden = self.model.run_rows(tokens, cache, q_lens, encoder_rows, soft, soft_slots)  # [n, T, H]
-        denoising = [i for i, r in enumerate(active) if r.phase == DENOISE]
-        encoding = [r for r in active if r.phase != DENOISE]
+        denoising, picked, encoding = forward_pool(self.model, active, cache, self.L)
         leaving = []
         if denoising:
-            picked = hidden[device_tensor(denoising, torch.long, hidden.device), :L]  # [d, L, H]
             leaving = self._denoise_step([active[i] for i in denoising], picked, denoising)
         for r in encoding:  # prefill or commit done: the next canvas starts
             self._start_canvas(r)
@@ -218,6 +209,25 @@ class MixedScheduler:
         for r, _ in undecided:
             r.phase, r.tokens = COMMIT, r.argmax
         return sorted(leaving)
+
+
+def forward_pool(model, active: list, cache: RowCache, L: int) -> tuple[list[int], torch.Tensor | None, list]:
+    """One forward over rows in any phase (prefill, commit, denoise), each with its own committed length in `cache`.
+
+    `active` rows carry `tokens` (their query tokens), `phase` and `soft` (self-conditioning logits or None).
+    Returns the slots of the denoising rows, their canvas hidden states [d, L, H] (None if none denoise), and the
+    rows that ran in encoder mode (prefill or commit).
+    """
+    tokens = pad_sequence([r.tokens for r in active], batch_first=True)  # [n, T], zero padded
+    q_lens = [len(r.tokens) for r in active]
+    encoder_rows = [r.phase != DENOISE for r in active]
+    soft_slots = [i for i, r in enumerate(active) if r.phase == DENOISE and r.soft is not None]
+    soft = torch.stack([active[i].soft for i in soft_slots]) if soft_slots else None
+    hidden = model.run_rows(tokens, cache, q_lens, encoder_rows, soft, soft_slots)  # [n, T, H]
+    denoising = [i for i, r in enumerate(active) if r.phase == DENOISE]
+    encoding = [r for r in active if r.phase != DENOISE]
+    picked = hidden[device_tensor(denoising, torch.long, hidden.device), :L] if denoising else None  # [d, L, H]
+    return denoising, picked, encoding
 
 
 def rows_view(sampler, rows: list[int]):

@@ -12,6 +12,7 @@ Everything else (templates, tool parsing, SSE framing, usage, finish reasons) is
 
 import asyncio
 import json
+from typing_extensions import TypedDict  # the base classes are typing_extensions TypedDicts
 
 from fastapi import HTTPException
 from fastapi.responses import Response
@@ -26,30 +27,25 @@ from .settings import BadRequestField, request_settings
 from .streamer import DraftText
 
 
-class DiffusionFields(TransformersCompletionCreateParamsStreaming, total=False):
+class DiffusionSettingFields(TypedDict, total=False):
+    """The diffusion settings a request may carry as extra body fields (validated in settings.py)."""
+
+    max_denoising_steps: int
+    entropy_bound: float
+    t_min: float
+    t_max: float
+    stability_threshold: int
+    confidence_threshold: float
+    sampling: str
+    stream_drafts: bool
+
+
+class DiffusionFields(TransformersCompletionCreateParamsStreaming, DiffusionSettingFields, total=False):
     """Chat request fields: OpenAI's and transformers serve's, plus the diffusion settings."""
 
-    max_denoising_steps: int
-    entropy_bound: float
-    t_min: float
-    t_max: float
-    stability_threshold: int
-    confidence_threshold: float
-    sampling: str
-    stream_drafts: bool
 
-
-class DiffusionTextFields(TransformersTextCompletionCreateParams, total=False):
+class DiffusionTextFields(TransformersTextCompletionCreateParams, DiffusionSettingFields, total=False):
     """Legacy completion request fields plus the diffusion settings."""
-
-    max_denoising_steps: int
-    entropy_bound: float
-    t_min: float
-    t_max: float
-    stability_threshold: int
-    confidence_threshold: float
-    sampling: str
-    stream_drafts: bool
 
 
 def draft_field(draft: DraftText) -> dict:

@@ -21,16 +21,15 @@ import threading
 from dataclasses import dataclass
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 from transformers.utils import logging
 
 from ..generation.fast_sampler import FastSampler
 from ..generation.finite import NonFiniteLogitsError, fault_codes, model_logits_bad, raise_for_faults
-from ..generation.mixed import COMMIT, DENOISE, Row
+from ..generation.mixed import COMMIT, DENOISE, Row, forward_pool
 from ..generation.sampler import temperature_at
 from ..generation.stopping import StableAndConfidentStopper, pad_after_eos
 from ..modeling.cache import RowCache
-from ..modeling.host import device_tensor, to_device
+from ..modeling.host import to_device
 from .settings import RequestSettings
 
 logger = logging.get_logger(__name__)
@@ -193,21 +192,11 @@ class ServingScheduler:
 
     def _pass(self, active: list[ServedRow]) -> list[int]:
         """One shared forward over the pool, then every row's transition. Returns the slots of finished rows."""
-        L = self.L
-        cache = self._cache
-        tokens = pad_sequence([r.tokens for r in active], batch_first=True)  # [n, T], zero padded
-        q_lens = [len(r.tokens) for r in active]
-        encoder_rows = [r.phase != DENOISE for r in active]
-        soft_slots = [i for i, r in enumerate(active) if r.phase == DENOISE and r.soft is not None]
-        soft = torch.stack([active[i].soft for i in soft_slots]) if soft_slots else None
-        hidden = self.model.run_rows(tokens, cache, q_lens, encoder_rows, soft, soft_slots)  # [n, T, H]
+        denoising, picked, encoding = forward_pool(self.model, active, self._cache, self.L)
         self.passes += 1
         self.peak_rows = max(self.peak_rows, len(active))
-        denoising = [i for i, r in enumerate(active) if r.phase == DENOISE]
-        encoding = [r for r in active if r.phase != DENOISE]
         finished = []
         if denoising:
-            picked = hidden[device_tensor(denoising, torch.long, hidden.device), :L]  # [d, L, H]
             finished = self._denoise_step([active[i] for i in denoising], picked, denoising)
         for r in encoding:  # prefill or commit done: the next canvas starts
             self._start_canvas(r)
