@@ -15,10 +15,11 @@ from transformers.utils import logging
 
 from ..modeling.cache import BlockDiffusionCache
 from ..modeling.validation import check_left_padding, check_token_ids, padding_vector
+from ..modeling.vision import VISION_INPUTS, PromptImages, check_no_audio_or_video, prompt_images
 from .config import DiffusionGemmaGenerationConfig, resolve_generation_config
 from .sampler import SAMPLERS, Sampler, make_sampler, row_generators
 
-MODEL_KWARGS = ("decoder_input_ids", "self_conditioning_logits")
+MODEL_KWARGS = ("decoder_input_ids", "self_conditioning_logits", *VISION_INPUTS)
 # Autoregressive sampling knobs that generic callers (the text-generation pipeline adds do_sample=True and
 # temperature=0.7 by default) pass along. Block diffusion always samples, with its own temperature schedule.
 AR_SAMPLING_KWARGS = ("do_sample", "temperature")
@@ -159,6 +160,7 @@ class GenerationRun:
     past_key_values: BlockDiffusionCache | None
     trace_top_k: int | None = None  # record a trace with this top-k width (None: no trace)
     trace_sc_embedding: bool = False  # the trace also keeps the exact self-conditioning input [B, L, H] per step
+    images: PromptImages | None = None  # the prompt's image soft tokens, encoded once (modeling/vision.py)
 
 
 def resolve_run(model, input_ids, attention_mask, generation_config, streamer, logits_processor, stopping_criteria,
@@ -170,6 +172,7 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
     V, L = text.vocab_size, model.canvas_length
     config, rest, explicit = resolve_generation_config(model.generation_config, generation_config, kwargs)
     check_ar_sampling_kwargs(rest)
+    check_no_audio_or_video(rest)
     unknown = sorted(set(rest) - set(MODEL_KWARGS) - set(AR_SAMPLING_KWARGS))
     if unknown:
         raise ValueError(f"generate() got unknown keyword arguments {unknown}; expected generation config fields "
@@ -177,6 +180,7 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
     if input_ids is None:
         raise ValueError("`input_ids` is required: pass the prompt as a [batch, length] tensor")
     check_token_ids("input_ids", input_ids, V)
+    images = prompt_images(model, input_ids, **{k: rest.get(k) for k in VISION_INPUTS})  # the one vision-tower run
     if past_key_values is not None and not isinstance(past_key_values, BlockDiffusionCache):
         raise TypeError("`past_key_values` must be a diffusiongemma BlockDiffusionCache (from `model.new_cache()` or "
                         f"an earlier output), got {type(past_key_values).__name__}")
@@ -234,4 +238,5 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
         user_criteria=StoppingCriteriaList(stopping_criteria) if stopping_criteria else None,
         eos_ids=eos_ids, decoder_input_ids=decoder_input_ids, self_conditioning_logits=sc_logits,
         past_key_values=past_key_values, trace_top_k=trace_width, trace_sc_embedding=bool(trace_sc_embedding),
+        images=images,
     )
