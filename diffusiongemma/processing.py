@@ -91,3 +91,58 @@ def load_processor(path: str, **kwargs) -> Gemma4Processor:
     template = config.get("chat_template") or getattr(tokenizer, "chat_template", None)
     return build_processor(tokenizer, image_processor, chat_template=template,
                            image_seq_length=config.get("image_seq_length", 280))
+
+
+def is_url(source: str) -> bool:
+    return source.startswith(("http://", "https://"))
+
+
+def load_image(source: str, allow_network: bool = False):
+    """An RGB `PIL.Image` from a file path (or, with `allow_network`, an http(s) URL).
+
+    Raises:
+        ValueError: a URL without `allow_network`; a file Pillow cannot read as an image (named, with the reason).
+        FileNotFoundError: no such file.
+    """
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:
+        raise ImportError("reading images needs Pillow: pip install 'diffusiongemma[vision]'") from None
+    if is_url(source):
+        if not allow_network:
+            raise ValueError(f"image {source} is a URL: pass --allow-network (or allow_network=True) to download "
+                             "it, or save it and pass the file")
+        from transformers.image_utils import load_image as fetch
+
+        return fetch(source).convert("RGB")
+    if not os.path.isfile(source):
+        raise FileNotFoundError(f"image file {source} does not exist")
+    try:
+        with Image.open(source) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError) as error:
+        raise ValueError(f"image file {source} could not be read as an image ({error})") from None
+
+
+def image_prompt_inputs(processor, prompt: str, images: list, chat: bool = False) -> dict:
+    """The model inputs for one prompt with `images` (PIL images, in order): input_ids [1, P], attention_mask,
+    pixel_values, image_position_ids, mm_token_type_ids.
+
+    With `chat`, the prompt becomes a user message whose image parts come first. Otherwise the prompt text is used as
+    it is when it holds one image token per image (`processor.image_token`, placed where each image belongs), and
+    the image tokens are put in front of it when it holds none.
+    """
+    if chat:
+        content = [{"type": "image", "image": image} for image in images] + [{"type": "text", "text": prompt}]
+        out = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=True, return_tensors="pt")
+    else:
+        marks = prompt.count(processor.image_token)
+        if marks == 0:
+            prompt = processor.image_token * len(images) + prompt
+        elif marks != len(images):
+            raise ValueError(f"the prompt holds {marks} image tokens ({processor.image_token}) for {len(images)} "
+                             "images: place one per image, or none to put the images first")
+        out = processor(text=[prompt], images=[images], return_tensors="pt")
+    return {k: v for k, v in out.items() if k in ("input_ids", "attention_mask", "pixel_values",
+                                                  "image_position_ids", "mm_token_type_ids")}
