@@ -95,7 +95,9 @@ def project_images(encoder_parts, pixel_values: torch.Tensor, image_position_ids
     by `embed_vision`), the layout of the built-in class's `get_image_features`."""
     tower = encoder_parts.vision_tower
     device = next(tower.parameters()).device
-    out = tower(pixel_values=pixel_values.to(device), pixel_position_ids=image_position_ids.to(device))
+    if device.type != "meta":  # offloaded (device_map): accelerate's hooks move the inputs themselves
+        pixel_values, image_position_ids = pixel_values.to(device), image_position_ids.to(device)
+    out = tower(pixel_values=pixel_values, pixel_position_ids=image_position_ids)
     soft = out.last_hidden_state  # [K, Hv]
     return BaseModelOutputWithPooling(last_hidden_state=soft, pooler_output=encoder_parts.embed_vision(soft))
 
