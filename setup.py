@@ -22,8 +22,9 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
-        "test": ["pytest>=8", "bitsandbytes>=0.49"],
+        "test": ["pytest>=8", "bitsandbytes>=0.49", "pillow>=10"],  # pillow: image prompt tests (tested: 13.0)
         "bnb": ["bitsandbytes>=0.45"],
+        "vision": ["pillow>=10"],  # image files for prompts (docs/vision.md): CLI --image, load_image
         "plot": ["matplotlib>=3.8"],  # benchmarks/sudoku_showcase.py writes a PNG plot with it
     },
     entry_points={"console_scripts": ["diffusiongemma=diffusiongemma.cli:main"]},

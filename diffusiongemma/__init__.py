@@ -1,9 +1,12 @@
 """DiffusionGemma block-diffusion language model for Hugging Face Transformers.
 
 Importing this package registers `DiffusionGemmaForBlockDiffusion` for `AutoModelForCausalLM` and
-`AutoModelForImageTextToText` with transformers' `DiffusionGemmaConfig`, so `AutoModelForCausalLM.from_pretrained(path)`,
-`pipeline("text-generation", ...)` and `pipeline("image-text-to-text", ...)` give this implementation, for bf16, compressed-tensors (FP8, NVFP4) and bitsandbytes checkpoints alike. A load that fails
-under `pipeline` raises `PipelineLoadError` rather than letting the pipeline retry with transformers' built-in class.
+`AutoModelForImageTextToText` with transformers' `DiffusionGemmaConfig`, so
+`AutoModelForCausalLM.from_pretrained(path)`, `pipeline("text-generation", ...)` and
+`pipeline("image-text-to-text", ...)` give this implementation, for bf16, compressed-tensors (FP8, NVFP4) and
+bitsandbytes checkpoints alike (and `AutoProcessor` a text-and-image
+`Gemma4Processor`, see `diffusiongemma.processing`). A load that fails under `pipeline` raises `PipelineLoadError`
+rather than letting the pipeline retry with transformers' built-in class.
 """
 
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor

@@ -7,10 +7,9 @@ tokens and the PIL `Gemma4ImageProcessorPil` (patch 4, so an image is ~100 px an
 import numpy as np
 import torch
 from PIL import Image
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from conftest import CHAT_TEMPLATE, tiny_config
+from conftest import tiny_config, tiny_tokenizer
 
 BOI, IMAGE, EOI = 124, 125, 126  # token ids inside the tiny 128-token vocabulary
 MEDIA_TOKENS = {"boi_token": "<x124>", "image_token": "<x125>", "eoi_token": "<x126>", "boa_token": "<x121>",
@@ -39,20 +38,14 @@ def tiny_image_processor():
 
 
 def tiny_media_tokenizer() -> PreTrainedTokenizerFast:
-    """Character-level tokenizer (as `conftest.tiny_tokenizer`) whose filler tokens 121-126 are the Gemma 4 media
-    tokens, with a chat template that turns an {"type": "image"} part into the image token."""
-    chars = [chr(c) for c in range(32, 127)]
-    vocab = {tok: i for i, tok in enumerate(["<pad>", "<eos>", "<bos>", "<unk>"] + chars)}
-    for i in range(len(vocab), 128):
-        vocab[f"<x{i}>"] = i
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    """`conftest.tiny_tokenizer` whose filler tokens 121-126 are the Gemma 4 media tokens (image_token, boi_token, ...
+    as special-token attributes)."""
+    base = tiny_tokenizer()
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>",
-        padding_side="left", extra_special_tokens=MEDIA_TOKENS,
+        tokenizer_object=base.backend_tokenizer, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+        unk_token="<unk>", padding_side="left", extra_special_tokens=MEDIA_TOKENS,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = base.chat_template
     return fast
 
 

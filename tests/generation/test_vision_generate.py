@@ -1,4 +1,4 @@
-"""`generate` with image prompts: images encoded once, fast mode (mixed batching, lock-step chunks) unchanged per row."""
+"""`generate` with image prompts: images encoded once; fast mode (mixed batching, lock-step chunks) row by row."""
 
 import pytest
 import torch

@@ -24,7 +24,7 @@ def test_image_tokens_see_each_other_across_the_sliding_window():
     groups = torch.tensor([[-1, 0, 0, 0, -1, -1]])  # slots 1-3 are one image
     masks = build_encoder_masks({"sliding_attention": SLIDING}, 0, 6, None, True, 1, CPU, "sdpa", groups)
     got = masks["sliding_attention"].mask[0, 0].int().tolist()
-    # window 2 alone gives the band k in {q-1, q}; the image adds slot 1 <-> 3 and the future slots 2, 3 for queries 1, 2
+    # window 2 alone gives the band k in {q-1, q}; the image adds 1 <-> 3 and the future slots 2, 3 for queries 1, 2
     assert got == [
         [1, 0, 0, 0, 0, 0],
         [1, 1, 1, 1, 0, 0],

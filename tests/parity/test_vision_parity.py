@@ -45,8 +45,11 @@ def builtin_overlay_masks(builtin, inputs: dict, cache) -> dict:
     )
 
 
-def canvas_for(inputs: dict) -> torch.Tensor:
-    return torch.randint(0, 128, (inputs["input_ids"].shape[0], 16), generator=torch.Generator().manual_seed(7))
+def forward_kwargs(x: dict) -> dict:
+    """The prompt's ids, pixels and patch positions, and a fixed canvas: what both classes' `forward` take."""
+    canvas = torch.randint(0, 128, (x["input_ids"].shape[0], 16), generator=torch.Generator().manual_seed(7))
+    return dict(input_ids=x["input_ids"], pixel_values=x["pixel_values"], image_position_ids=x["image_position_ids"],
+                decoder_input_ids=canvas)
 
 
 @torch.no_grad()
@@ -54,8 +57,7 @@ def canvas_for(inputs: dict) -> torch.Tensor:
 def test_forward_logits_identical_without_overlay(models, prompts, name):
     builtin, ours = models
     x = prompts[name]
-    kw = dict(input_ids=x["input_ids"], attention_mask=x["attention_mask"], pixel_values=x["pixel_values"],
-              image_position_ids=x["image_position_ids"], decoder_input_ids=canvas_for(x))
+    kw = dict(forward_kwargs(x), attention_mask=x["attention_mask"])
     expected, got = builtin(**kw), ours(**kw)
     assert torch.equal(expected.logits, got.logits)
     assert torch.equal(expected.encoder_last_hidden_state, got.encoder_last_hidden_state)
@@ -66,8 +68,7 @@ def test_forward_logits_identical_without_overlay(models, prompts, name):
 def test_forward_logits_identical_with_vision_overlay(models, prompts, name):
     builtin, ours = models
     x = prompts[name]
-    kw = dict(input_ids=x["input_ids"], pixel_values=x["pixel_values"], image_position_ids=x["image_position_ids"],
-              decoder_input_ids=canvas_for(x))
+    kw = forward_kwargs(x)
     cache = DynamicCache(config=builtin.config.get_text_config())
     expected = builtin(**kw, attention_mask=builtin_overlay_masks(builtin, x, cache), past_key_values=cache).logits
     got = ours(**kw, attention_mask=x["attention_mask"], mm_token_type_ids=x["mm_token_type_ids"]).logits
@@ -95,8 +96,9 @@ def test_precomputed_image_features_are_interchangeable(models, prompts):
     """`mm_encoder_outputs={"image": get_image_features(...)}` from either class gives the logits of pixel_values."""
     builtin, ours = models
     x = prompts["two-images"]
-    base = dict(input_ids=x["input_ids"], decoder_input_ids=canvas_for(x))
-    from_pixels = ours(**base, pixel_values=x["pixel_values"], image_position_ids=x["image_position_ids"]).logits
+    kw = forward_kwargs(x)
+    from_pixels = ours(**kw).logits
+    base = {k: v for k, v in kw.items() if k not in ("pixel_values", "image_position_ids")}
     for get_image_features in (ours.get_image_features, builtin.model.encoder.get_image_features):
         features = get_image_features(x["pixel_values"], x["image_position_ids"])
         assert torch.equal(ours(**base, mm_encoder_outputs={"image": features}).logits, from_pixels)
