@@ -180,7 +180,6 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
     if input_ids is None:
         raise ValueError("`input_ids` is required: pass the prompt as a [batch, length] tensor")
     check_token_ids("input_ids", input_ids, V)
-    images = prompt_images(model, input_ids, **{k: rest.get(k) for k in VISION_INPUTS})  # the one vision-tower run
     if past_key_values is not None and not isinstance(past_key_values, BlockDiffusionCache):
         raise TypeError("`past_key_values` must be a diffusiongemma BlockDiffusionCache (from `model.new_cache()` or "
                         f"an earlier output), got {type(past_key_values).__name__}")
@@ -226,10 +225,14 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
     trace_width = resolve_trace(return_trace, trace_top_k, batching, past_key_values)
     if trace_sc_embedding and trace_width is None:
         raise ValueError("`trace_sc_embedding=True` needs `return_trace=True`")
+    if trace_width is not None and (rest.get("pixel_values") is not None or rest.get("mm_encoder_outputs")):
+        raise ValueError("`return_trace=True` records text prompts only: a trace's replay re-encodes the prompt from "
+                         "its token ids, without the images")
     eos = config.eos_token_id
     eos_ids = torch.tensor(eos if isinstance(eos, (list, tuple)) else [eos], device=device) if eos is not None else None
     check_seed(seed, B)
     generators = row_generators(B, device, seed, generator) if fast else None
+    images = prompt_images(model, input_ids, **{k: rest.get(k) for k in VISION_INPUTS})  # the one vision-tower run
     return GenerationRun(
         config=config, input_ids=input_ids, attention_mask=attention_mask, keep=keep, cur_len=cur_len,
         num_canvases=num_canvases, fast=fast, batching=batching, max_batch_size=max_batch_size,

@@ -82,3 +82,9 @@ def test_precomputed_features_in_generate(model, processor):
     precomputed = {k: v for k, v in x.items() if k not in ("pixel_values", "image_position_ids")}
     assert torch.equal(model.generate(**precomputed, mm_encoder_outputs={"image": features}, seed=1,
                                       **SETTINGS).sequences, from_pixels)
+
+
+def test_traces_refuse_image_prompts(model, processor):
+    x = image_prompt([ROWS[2][0]], [ROWS[2][1]], processor)
+    with pytest.raises(ValueError, match="records text prompts only"):
+        model.generate(**x, return_trace=True, **SETTINGS)
