@@ -15,7 +15,8 @@ from transformers.utils import logging
 
 from ..modeling.cache import BlockDiffusionCache
 from ..modeling.validation import check_left_padding, check_token_ids, padding_vector
-from ..modeling.vision import VISION_INPUTS, PromptImages, check_no_audio_or_video, prompt_images
+from ..modeling.vision import (VISION_INPUTS, PromptImages, check_no_audio_or_video, prompt_images,
+                               warn_if_images_missing)
 from .config import DiffusionGemmaGenerationConfig, resolve_generation_config
 from .sampler import SAMPLERS, Sampler, make_sampler, row_generators
 
@@ -233,6 +234,8 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
     check_seed(seed, B)
     generators = row_generators(B, device, seed, generator) if fast else None
     images = prompt_images(model, input_ids, **{k: rest.get(k) for k in VISION_INPUTS})  # the one vision-tower run
+    if images is None or images.features is None:
+        warn_if_images_missing(model.config, input_ids)
     return GenerationRun(
         config=config, input_ids=input_ids, attention_mask=attention_mask, keep=keep, cur_len=cur_len,
         num_canvases=num_canvases, fast=fast, batching=batching, max_batch_size=max_batch_size,

@@ -127,12 +127,6 @@ def prompt_images(model, input_ids: torch.Tensor, pixel_values=None, image_posit
     if not has_images and mm_token_type_ids is None:
         if image_position_ids is not None:
             raise ValueError("`image_position_ids` were given without `pixel_values`")
-        if bool(placeholders.any()):
-            logger.warning_once(
-                f"The prompt holds image tokens (id {config.image_token_id}) but no `pixel_values`: they are read as "
-                "ordinary tokens. Pass the processor's whole output (`pixel_values`, `image_position_ids`, "
-                "`mm_token_type_ids`) along with `input_ids`."
-            )
         return None
     features = None
     if has_images:
@@ -168,6 +162,16 @@ def prompt_images(model, input_ids: torch.Tensor, pixel_values=None, image_posit
         if getattr(config.get_text_config(), "use_bidirectional_attention", None) == "vision":
             groups = vision_groups(mm_token_type_ids.to(input_ids.device))
     return PromptImages(features, placeholders, groups)
+
+
+def warn_if_images_missing(config, input_ids: torch.Tensor) -> None:
+    """`generate` on a prompt holding image placeholders but no images: a warning, as in the built-in (spec D.3)."""
+    if bool((input_ids == config.image_token_id).any()):
+        logger.warning_once(
+            f"The prompt holds image tokens (id {config.image_token_id}) but no `pixel_values`: they are read as "
+            "ordinary tokens. Pass the processor's whole output (`pixel_values`, `image_position_ids`, "
+            "`mm_token_type_ids`) along with `input_ids`."
+        )
 
 
 def scatter_images(embeds: torch.Tensor, images: PromptImages | None) -> torch.Tensor:

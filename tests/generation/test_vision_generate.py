@@ -1,5 +1,7 @@
 """`generate` with image prompts: images encoded once; fast mode (mixed batching, lock-step chunks) row by row."""
 
+import logging
+
 import pytest
 import torch
 
@@ -88,3 +90,14 @@ def test_traces_refuse_image_prompts(model, processor):
     x = image_prompt([ROWS[2][0]], [ROWS[2][1]], processor)
     with pytest.raises(ValueError, match="records text prompts only"):
         model.generate(**x, return_trace=True, **SETTINGS)
+
+
+def test_image_tokens_without_images_warn_in_generate_only(model, processor, caplog):
+    """As in the built-in class: `generate` warns once; `forward` (training, calibration) stays quiet."""
+    x = image_prompt([ROWS[2][0]], [ROWS[2][1]], processor)
+    logging.Logger.warning_once.cache_clear()  # transformers' warning_once remembers messages across tests
+    with caplog.at_level(logging.WARNING):
+        model(input_ids=x["input_ids"], decoder_input_ids=torch.zeros(1, 16, dtype=torch.long))
+        assert "no `pixel_values`" not in caplog.text
+        model.generate(x["input_ids"], **SETTINGS)
+    assert "holds image tokens (id 125) but no `pixel_values`" in caplog.text
