@@ -23,11 +23,12 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "bitsandbytes>=0.49", "fastapi>=0.115,<1", "uvicorn>=0.30,<1", "openai>=1.98,<4",
-                 "pydantic>=2,<3"],
+                 "pydantic>=2,<3", "pillow>=10"],  # pillow: image prompt tests (tested: 13.0)
         # `diffusiongemma serve` / `chat`: transformers serve's own dependencies (transformers[serving]); tested with
         # fastapi 0.165, uvicorn 0.54, openai 3.57, pydantic 2.14
         "serve": ["fastapi>=0.115,<1", "uvicorn>=0.30,<1", "openai>=1.98,<4", "pydantic>=2,<3", "typing_extensions>=4.7"],
         "bnb": ["bitsandbytes>=0.45"],
+        "vision": ["pillow>=10"],  # image files for prompts (docs/vision.md): CLI --image, load_image
         "plot": ["matplotlib>=3.8"],  # benchmarks/sudoku_showcase.py writes a PNG plot with it
     },
     entry_points={"console_scripts": ["diffusiongemma=diffusiongemma.cli:main"]},

@@ -1,12 +1,15 @@
 """DiffusionGemma block-diffusion language model for Hugging Face Transformers.
 
-Importing this package registers `DiffusionGemmaForBlockDiffusion` for `AutoModelForCausalLM` with transformers'
-`DiffusionGemmaConfig`, so `AutoModelForCausalLM.from_pretrained(path)` and `pipeline("text-generation", ...)` give
-this implementation, for bf16, compressed-tensors (FP8, NVFP4) and bitsandbytes checkpoints alike. A load that fails
-under `pipeline` raises `PipelineLoadError` rather than letting the pipeline retry with transformers' built-in class.
+Importing this package registers `DiffusionGemmaForBlockDiffusion` for `AutoModelForCausalLM` and
+`AutoModelForImageTextToText` with transformers' `DiffusionGemmaConfig`, so
+`AutoModelForCausalLM.from_pretrained(path)`, `pipeline("text-generation", ...)` and
+`pipeline("image-text-to-text", ...)` give this implementation, for bf16, compressed-tensors (FP8, NVFP4) and
+bitsandbytes checkpoints alike (and `AutoProcessor` a text-and-image
+`Gemma4Processor`, see `diffusiongemma.processing`). A load that fails under `pipeline` raises `PipelineLoadError`
+rather than letting the pipeline retry with transformers' built-in class.
 """
 
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
 
 from .accuracy import Trace, load_trace
 from .generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig
@@ -18,8 +21,11 @@ from .modeling import (
     DiffusionGemmaTextConfig,
 )
 from .modeling.model import PipelineLoadError
+from .processing import DiffusionGemmaProcessor, load_processor
 
 AutoModelForCausalLM.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
+AutoModelForImageTextToText.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
+AutoProcessor.register(DiffusionGemmaConfig, DiffusionGemmaProcessor, exist_ok=True)
 
 __version__ = "0.1.0"
 __all__ = [
@@ -28,9 +34,11 @@ __all__ = [
     "DiffusionGemmaForBlockDiffusion",
     "DiffusionGemmaGenerationConfig",
     "DiffusionGemmaOutput",
+    "DiffusionGemmaProcessor",
     "DiffusionGemmaTextConfig",
     "EntropyBoundSamplerConfig",
     "PipelineLoadError",
     "Trace",
+    "load_processor",
     "load_trace",
 ]

@@ -1,6 +1,7 @@
 """The `diffusiongemma` command line.
 
     diffusiongemma generate --model PATH "prompt"      generate text with a checkpoint folder
+        [--image FILE ...]                               ... about images (docs/vision.md)
     diffusiongemma sudoku [--puzzle P | --puzzles F | --eval N] [--json]
     diffusiongemma train sudoku --out DIR
     diffusiongemma quantize --scheme fp8-dynamic|nvfp4 SRC DST
@@ -76,6 +77,10 @@ def add_generate_command(subparsers) -> None:
     p.add_argument("--no-color", action="store_true",
                    help="no ANSI colours or cursor codes, as when the output is not a terminal (also: NO_COLOR=1)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--image", action="append", default=[], metavar="FILE",
+                   help="an image the prompt is about (repeat for several, in order); read with Pillow. The prompt's "
+                        "image tokens mark where each goes; without any, the images come first (docs/vision.md)")
+    p.add_argument("--allow-network", action="store_true", help="let --image take http(s) URLs and download them")
     p.set_defaults(func=run_generate)
 
 
@@ -86,6 +91,7 @@ def run_generate(args) -> int:
     from .generation.streamers import CanvasPrinter, is_terminal
     from .modeling import DiffusionGemmaForBlockDiffusion
     from .modeling.config import check_model_folder
+    from .processing import image_prompt_inputs, load_image, load_processor
 
     check_model_folder(args.model)  # first: "not a DiffusionGemma folder" says more than "no tokenizer"
     tokenizer_path = args.tokenizer or args.model
@@ -94,9 +100,15 @@ def run_generate(args) -> int:
         print(f"error: {where} {tokenizer_path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); pass "
               "--tokenizer with the folder or Hub id of the checkpoint's tokenizer", file=sys.stderr)
         return 2
+    images = [load_image(source, args.allow_network) for source in args.image]  # before the model: fail fast
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.model, dtype=args.dtype).to(args.device).eval()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    if args.chat:
+    vision = {}
+    if images:  # the processor turns the images into pixels and the prompt's placeholders
+        vision = image_prompt_inputs(load_processor(tokenizer_path), args.prompt, images, args.chat)
+        vision = {k: v.to(args.device) for k, v in vision.items() if k != "attention_mask"}
+        ids = vision.pop("input_ids")
+    elif args.chat:
         if not getattr(tokenizer, "chat_template", None):
             print(f"error: --chat needs a chat template, and the tokenizer in {tokenizer_path} has none",
                   file=sys.stderr)
@@ -108,7 +120,7 @@ def run_generate(args) -> int:
     else:
         ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
     ids = ids.to(args.device)
-    overrides = {}
+    overrides = dict(vision)
     if args.max_new_tokens is not None:
         overrides["max_new_tokens"] = args.max_new_tokens
     if args.steps is not None:

@@ -5,6 +5,7 @@ Legend: B batch, P prompt, L canvas length, V vocab, H hidden, c committed canva
 """
 
 import torch
+from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.utils import logging
 
 from .mixed import MixedScheduler, MixedSettings
@@ -25,10 +26,22 @@ def generate_mixed(model, run: GenerationRun):
         model, run.sampler, lambda: StableAndConfidentStopper(config.stability_threshold, config.confidence_threshold),
         MixedSettings(run.num_canvases, config.max_denoising_steps, config.t_min, config.t_max, run.eos_ids,
                       config.pad_token_id, run.max_batch_size or run.input_ids.shape[0]),
-        run.processors, run.user_criteria, run.decoder_input_ids, first_soft,
+        run.processors, run.user_criteria, run.decoder_input_ids, first_soft, run.images,
     )
     sequences, passes = scheduler.generate(run.input_ids, run.attention_mask)
     return generation_output(config, sequences, run.input_ids.shape[1], passes)
+
+
+def chunk_images(images, offsets: list[int], a: int, b: int) -> dict:
+    """`generate` keywords giving rows [a, b) their share of the batch's image soft tokens (offsets: [B+1] where
+    each row's start in `images.features`) and their image runs."""
+    out = {}
+    end = offsets[min(b, len(offsets) - 1)]
+    if images.features is not None and end > offsets[a]:
+        out["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=images.features[offsets[a]:end])}
+    if images.groups is not None:
+        out["mm_token_type_ids"] = (images.groups[a:b] >= 0).long()  # the same runs (adjacent runs never touch)
+    return out
 
 
 def generate_in_chunks(generate, model, run: GenerationRun):
@@ -42,12 +55,15 @@ def generate_in_chunks(generate, model, run: GenerationRun):
     ids, mask = run.input_ids, run.attention_mask
     seeded = {"decoder_input_ids": run.decoder_input_ids, "self_conditioning_logits": run.self_conditioning_logits}
     outs = []
+    offsets = [0] + run.images.placeholders.sum(dim=1).cumsum(0).tolist() if run.images is not None else None
     for a in range(0, ids.shape[0], chunk):
+        # the chunk's rows' image soft tokens (encoded once, above) and image runs
+        vision = chunk_images(run.images, offsets, a, a + chunk) if run.images is not None else {}
         outs.append(generate(
             model, ids[a : a + chunk], None if mask is None else mask[a : a + chunk], generation_config=config,
             logits_processor=run.processors, stopping_criteria=run.user_criteria, sampling="fast",
             generator=run.generators[a : a + chunk], batching="lockstep", return_dict_in_generate=True,
-            **{k: v[a : a + chunk] for k, v in seeded.items() if v is not None},
+            **{k: v[a : a + chunk] for k, v in seeded.items() if v is not None}, **vision,
         ))
     width = max(o.sequences.shape[1] for o in outs)
     pad = config.pad_token_id

@@ -129,8 +129,10 @@ def generate_lockstep(model, run: GenerationRun, streamer):
     passes = torch.zeros(B, dtype=torch.int32, device=input_ids.device)  # [B] denoising passes per row
     for c in range(run.num_canvases):
         # 1. encoder: the prompt first, then the canvas committed last round (writes the cache)
-        model.encode(sequences if c == 0 else sequences[:, -L:], cache, keep=run.keep)
-        # 2. (generate takes text only: no vision inputs to drop) 3. a fresh noise canvas, the stopper reset
+        # (the prompt's image soft tokens enter here, once: the cache holds them from now on, spec D.4.1-2)
+        model.encode(sequences if c == 0 else sequences[:, -L:], cache, keep=run.keep,
+                     images=run.images if c == 0 else None)
+        # 3. a fresh noise canvas, the stopper reset
         state = new_canvas(model, run, settings, sequences, finished, passes, live, c)
         if recorder is not None:
             recorder.begin_canvas(state, c)
@@ -220,7 +222,9 @@ def generate(
         trace_sc_embedding: the trace also keeps each step's exact self-conditioning input [B, L, H] (4*H bytes
             per position), so a replay needs no top-k approximation.
         **kwargs: generation config fields (max_new_tokens, max_denoising_steps, t_min, ...) override the config;
-            `decoder_input_ids` [B, L] and `self_conditioning_logits` [B, L, V] seed the first canvas.
+            `decoder_input_ids` [B, L] and `self_conditioning_logits` [B, L, V] seed the first canvas;
+            `pixel_values`, `image_position_ids`, `mm_token_type_ids` (the Gemma 4 processor's output) or
+            `mm_encoder_outputs` add images to the prompt, as in `forward` (encoded once, before the first canvas).
     Returns:
         `DiffusionGemmaGenerationOutput` (or the sequences [B, P + c*L] when `return_dict_in_generate=False`).
     """

@@ -26,6 +26,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from ..modeling.cache import RowCache
 from ..modeling.host import device_tensor, to_device
+from ..modeling.vision import PromptImages, stack_rows
 from .finite import fault_codes, model_logits_bad, processed_scores_bad, raise_for_faults
 from .sampler import temperature_at
 from .stopping import pad_after_eos
@@ -48,6 +49,7 @@ class Row:
     passes: int = 0
     canvases: list = field(default_factory=list)  # committed [L] canvases
     stopper: object = None
+    images: PromptImages | None = None  # [1, P_r] the prompt's image soft tokens (prefill only)
 
 
 @dataclass
@@ -80,14 +82,16 @@ class MixedScheduler:
         settings: `MixedSettings`.
         processors / user_criteria: as in `generate`, called per row.
         first_canvas: optional [N, L] ids seeding each row's first canvas; first_soft: optional [N, L, H].
+        images: optional `PromptImages` of the padded request batch [N, P].
     """
 
     def __init__(self, model, sampler, new_stopper, settings: MixedSettings, processors=None, user_criteria=None,
-                 first_canvas=None, first_soft=None):
+                 first_canvas=None, first_soft=None, images: PromptImages | None = None):
         self.model, self.sampler, self.settings = model, sampler, settings
         self.new_stopper = new_stopper
         self.processors, self.user_criteria = processors, user_criteria
         self.first_canvas, self.first_soft = first_canvas, first_soft
+        self.images = images
         self.L = model.canvas_length
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
@@ -97,13 +101,18 @@ class MixedScheduler:
         prompts = strip_padding(input_ids, attention_mask)
         if any(len(p) == 0 for p in prompts):
             raise ValueError("`attention_mask` marks every token of some row as padding; each row needs a prompt")
-        rows = self.run(prompts)
+        images = None
+        if self.images is not None:  # each row's soft tokens and image runs, its padding stripped like its prompt
+            images = [self.images.row(b, None if attention_mask is None else attention_mask[b])
+                      for b in range(len(prompts))]
+        rows = self.run(prompts, images)
         pad = self.settings.pad_token_id
         sequences = assemble(rows, input_ids, self.L, pad if pad is not None else 0)
         return sequences, torch.tensor([r.passes for r in rows], dtype=torch.int32, device=input_ids.device)
 
-    def run(self, prompts: list[torch.Tensor]) -> list[Row]:
-        """Generate for every prompt; returns the finished rows in request order."""
+    def run(self, prompts: list[torch.Tensor], images: list[PromptImages] | None = None) -> list[Row]:
+        """Generate for every prompt (`images`: one `PromptImages` [1, P_r] per prompt, or None); returns the finished
+        rows in request order."""
         s, L = self.settings, self.L
         device = prompts[0].device
         longest = max(len(p) for p in prompts)
@@ -111,7 +120,7 @@ class MixedScheduler:
         # room per row: its prompt and canvases, plus padding queries of a pass as long as the longest prompt
         capacity = longest + s.num_canvases * L + max(longest, L)
         cache = RowCache(self.model.get_decoder().shapes, pool, capacity, device)
-        waiting = [Row(i, p, tokens=p) for i, p in enumerate(prompts)]
+        waiting = [Row(i, p, tokens=p, images=images[i] if images else None) for i, p in enumerate(prompts)]
         waiting.reverse()  # pop() takes the first request
         active: list[Row] = []
         done: list[Row] = []
@@ -214,7 +223,8 @@ class MixedScheduler:
 def forward_pool(model, active: list, cache: RowCache, L: int) -> tuple[list[int], torch.Tensor | None, list]:
     """One forward over rows in any phase (prefill, commit, denoise), each with its own committed length in `cache`.
 
-    `active` rows carry `tokens` (their query tokens), `phase` and `soft` (self-conditioning logits or None).
+    `active` rows carry `tokens` (their query tokens), `phase`, `soft` (self-conditioning logits or None) and
+    optionally `images` (a prefill row's `PromptImages`).
     Returns the slots of the denoising rows, their canvas hidden states [d, L, H] (None if none denoise), and the
     rows that ran in encoder mode (prefill or commit).
     """
@@ -223,7 +233,10 @@ def forward_pool(model, active: list, cache: RowCache, L: int) -> tuple[list[int
     encoder_rows = [r.phase != DENOISE for r in active]
     soft_slots = [i for i, r in enumerate(active) if r.phase == DENOISE and r.soft is not None]
     soft = torch.stack([active[i].soft for i in soft_slots]) if soft_slots else None
-    hidden = model.run_rows(tokens, cache, q_lens, encoder_rows, soft, soft_slots)  # [n, T, H]
+    # prefill rows may carry image features (`images`: PromptImages), scattered into their placeholders
+    images = stack_rows([getattr(r, "images", None) if r.phase == PREFILL else None for r in active], q_lens,
+                        tokens.shape[1])
+    hidden = model.run_rows(tokens, cache, q_lens, encoder_rows, soft, soft_slots, images)  # [n, T, H]
     denoising = [i for i, r in enumerate(active) if r.phase == DENOISE]
     encoding = [r for r in active if r.phase != DENOISE]
     picked = hidden[device_tensor(denoising, torch.long, hidden.device), :L] if denoising else None  # [d, L, H]

@@ -15,10 +15,12 @@ from transformers.utils import logging
 
 from ..modeling.cache import BlockDiffusionCache
 from ..modeling.validation import check_left_padding, check_token_ids, padding_vector
+from ..modeling.vision import (VISION_INPUTS, PromptImages, check_no_audio_or_video, prompt_images,
+                               warn_if_images_missing)
 from .config import DiffusionGemmaGenerationConfig, resolve_generation_config
 from .sampler import SAMPLERS, Sampler, make_sampler, row_generators
 
-MODEL_KWARGS = ("decoder_input_ids", "self_conditioning_logits")
+MODEL_KWARGS = ("decoder_input_ids", "self_conditioning_logits", *VISION_INPUTS)
 # Autoregressive sampling knobs that generic callers (the text-generation pipeline adds do_sample=True and
 # temperature=0.7 by default) pass along. Block diffusion always samples, with its own temperature schedule.
 AR_SAMPLING_KWARGS = ("do_sample", "temperature")
@@ -159,6 +161,7 @@ class GenerationRun:
     past_key_values: BlockDiffusionCache | None
     trace_top_k: int | None = None  # record a trace with this top-k width (None: no trace)
     trace_sc_embedding: bool = False  # the trace also keeps the exact self-conditioning input [B, L, H] per step
+    images: PromptImages | None = None  # the prompt's image soft tokens, encoded once (modeling/vision.py)
 
 
 def resolve_run(model, input_ids, attention_mask, generation_config, streamer, logits_processor, stopping_criteria,
@@ -170,6 +173,7 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
     V, L = text.vocab_size, model.canvas_length
     config, rest, explicit = resolve_generation_config(model.generation_config, generation_config, kwargs)
     check_ar_sampling_kwargs(rest)
+    check_no_audio_or_video(rest)
     unknown = sorted(set(rest) - set(MODEL_KWARGS) - set(AR_SAMPLING_KWARGS))
     if unknown:
         raise ValueError(f"generate() got unknown keyword arguments {unknown}; expected generation config fields "
@@ -222,10 +226,16 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
     trace_width = resolve_trace(return_trace, trace_top_k, batching, past_key_values)
     if trace_sc_embedding and trace_width is None:
         raise ValueError("`trace_sc_embedding=True` needs `return_trace=True`")
+    if trace_width is not None and (rest.get("pixel_values") is not None or rest.get("mm_encoder_outputs")):
+        raise ValueError("`return_trace=True` records text prompts only: a trace's replay re-encodes the prompt from "
+                         "its token ids, without the images")
     eos = config.eos_token_id
     eos_ids = torch.tensor(eos if isinstance(eos, (list, tuple)) else [eos], device=device) if eos is not None else None
     check_seed(seed, B)
     generators = row_generators(B, device, seed, generator) if fast else None
+    images = prompt_images(model, input_ids, **{k: rest.get(k) for k in VISION_INPUTS})  # the one vision-tower run
+    if images is None or images.features is None:
+        warn_if_images_missing(model.config, input_ids)
     return GenerationRun(
         config=config, input_ids=input_ids, attention_mask=attention_mask, keep=keep, cur_len=cur_len,
         num_canvases=num_canvases, fast=fast, batching=batching, max_batch_size=max_batch_size,
@@ -234,4 +244,5 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
         user_criteria=StoppingCriteriaList(stopping_criteria) if stopping_criteria else None,
         eos_ids=eos_ids, decoder_input_ids=decoder_input_ids, self_conditioning_logits=sc_logits,
         past_key_values=past_key_values, trace_top_k=trace_width, trace_sc_embedding=bool(trace_sc_embedding),
+        images=images,
     )

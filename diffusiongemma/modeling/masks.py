@@ -65,6 +65,29 @@ def key_padding(keep: torch.Tensor, kv_slot0: int) -> MaskMod:
     return lambda b, h, q, kv: keep[b, kv + kv_slot0]
 
 
+def same_image(groups: torch.Tensor, q_slot0, kv_slot0, groups_slot0) -> MaskMod:
+    """A query and a key of the same image see each other (the "vision" overlay, spec C.4).
+
+    groups [B, T]: the image of each slot in [groups_slot0, groups_slot0 + T) (-1 for text); slots outside (the cache)
+    count as text. The slot offsets are ints, or [B] tensors for a mixed-phase pass (one start per row).
+    """
+    T = groups.shape[1]
+
+    def mod(b, h, q, kv):
+        q_local = q + _at(q_slot0, b) - _at(groups_slot0, b)
+        kv_local = kv + _at(kv_slot0, b) - _at(groups_slot0, b)
+        inside = (kv_local >= 0) & (kv_local < T) & (q_local < T)
+        q_group = groups[b, q_local.clamp(0, T - 1)]
+        kv_group = groups[b, kv_local.clamp(0, T - 1)]
+        return inside & (q_group >= 0) & (q_group == kv_group)
+
+    return mod
+
+
+def _at(offset, b):
+    return offset[b] if isinstance(offset, torch.Tensor) else offset
+
+
 def dense_mask(mod: MaskMod, batch: int, num_q: int, num_kv: int, device: torch.device) -> torch.Tensor:
     """Materialize a predicate as a bool tensor [B, 1, Q, KV] for SDPA / eager.
 
@@ -119,6 +142,7 @@ def build_encoder_masks(
     batch: int,
     device: torch.device,
     backend: str = "sdpa",
+    vision_groups: torch.Tensor | None = None,
 ) -> dict[str, LayerMask]:
     """Masks for an encoder pass writing slots [q_slot0, q_slot0 + Q), one per layer type.
 
@@ -127,6 +151,8 @@ def build_encoder_masks(
         keep: [B, >= q_slot0 + Q] bool padding vector over slots, or None for no padding.
         causal_encoder: False only for `use_bidirectional_attention == "all"`.
         backend: "flex" builds `BlockMask`s, anything else dense masks.
+        vision_groups: [B, Q] image of each query token (-1 text): tokens of one image also see each other, on both
+            layer types, ORed onto the causal (and window) pattern before padding is applied (spec C.4).
     """
     out = {}
     for layer_type, shape in shapes.items():
@@ -139,6 +165,8 @@ def build_encoder_masks(
                 mods.append(sliding_window(shape.sliding_window, q_slot0, kv0))
         elif shape.is_sliding:
             mods.append(symmetric_window(shape.sliding_window, q_slot0, kv0))
+        if vision_groups is not None and causal_encoder:
+            mods = [or_masks(and_masks(*mods), same_image(vision_groups, q_slot0, kv0, q_slot0))]
         if keep is not None:
             mods.append(key_padding(keep, kv0))
         mask = None
@@ -228,6 +256,7 @@ def build_row_masks(
     causal_encoder: bool,
     device: torch.device,
     backend: str = "sdpa",
+    vision_groups: torch.Tensor | None = None,
 ) -> dict[str, LayerMask]:
     """Masks for a mixed-phase pass (`RowCache`): row b writes its q_len_b tokens at slots [S_b, S_b + q_len_b).
 
@@ -243,14 +272,19 @@ def build_row_masks(
         q_lens: [B] real tokens per row in this pass (<= num_q).
         encoder_rows: [B] bool, True for the causal rows.
         num_q: T, the query length of the pass (the longest row).
+        vision_groups: [B, T] image of each row's token (-1 text; only prefill rows have images): an encoder row's
+            tokens of one image also see each other, as in `build_encoder_masks`.
     """
     first_start, last_start = start_range
     out = {}
     for layer_type, shape in shapes.items():
         kv0 = _first_visible_slot(shape, first_start)
         kv1 = last_start + num_q
+        overlay = None
+        if vision_groups is not None and causal_encoder:
+            overlay = same_image(vision_groups, starts, kv0, starts)  # row tokens are left-aligned at S_b
 
-        def mod(b, h, q, kv, shape=shape, kv0=kv0):
+        def mod(b, h, q, kv, shape=shape, kv0=kv0, overlay=overlay):
             start = starts[b]
             q_slot, kv_slot = q + start, kv + kv0
             visible = kv_slot < start + q_lens[b]  # only this row's written slots
@@ -264,6 +298,8 @@ def build_row_masks(
                 encoder = (q_slot - kv_slot).abs() <= shape.sliding_window
             else:
                 encoder = torch.ones_like(visible)
+            if overlay is not None:
+                encoder = encoder | overlay(b, h, q, kv)
             return visible & (encoder | ~encoder_rows[b])
 
         out[layer_type] = LayerMask(kv0, kv1, materialize(mod, len(starts), num_q, kv1 - kv0, device, backend))

@@ -28,6 +28,7 @@ from .parallel import add_stack_plans
 from .parallel_request import prepare_parallel_load
 from .stack import DiffusionGemmaTextStack
 from .validation import attention_backend_for, check_experts_implementation, check_forward_inputs
+from .vision import PromptImages, check_no_audio_or_video, project_images, prompt_images, scatter_images
 from .weights import checkpoint_keys, key_mapping_for, loading_problems
 from ..generation.config import DiffusionGemmaGenerationConfig
 
@@ -235,18 +236,30 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         keep: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         collect: list | None = None,
+        images: PromptImages | None = None,
     ) -> torch.Tensor:
-        """Encoder pass over input_ids [B, T]: writes T slots to `cache`; returns post-norm hidden [B, T, H]."""
+        """Encoder pass over input_ids [B, T]: writes T slots to `cache`; returns post-norm hidden [B, T, H].
+
+        `images` (from `vision.prompt_images`) writes image soft tokens over the placeholders and, with
+        `use_bidirectional_attention == "vision"`, lets each image's tokens see each other (spec C.11, C.4)."""
         stack = self.get_decoder()
         return stack.encode(
-            stack.embed_tokens(input_ids),
+            scatter_images(stack.embed_tokens(input_ids), images),
             cache,
             self.model.encoder.layer_scalars(),
             keep=keep,
             positions=positions,
             backend=self.attention_backend,
             collect=collect,
+            vision_groups=images.groups if images is not None else None,
         )
+
+    def get_image_features(self, pixel_values: torch.Tensor, image_position_ids: torch.Tensor):
+        """Images -> soft tokens, as the built-in class's method of this name: pixel_values [I, M, 3*p*p] and
+        image_position_ids [I, M, 2] (Gemma 4 processor) -> `BaseModelOutputWithPooling` with `last_hidden_state`
+        [K, Hv] (vision tower) and `pooler_output` [K, H] (projected). Pass `{"image": output}` as
+        `mm_encoder_outputs` to `forward`/`generate` to reuse them."""
+        return project_images(self.model.encoder, pixel_values, image_position_ids)
 
     def denoise(
         self,
@@ -271,13 +284,15 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         encoder_rows: list[bool],
         soft_embeddings: torch.Tensor | None = None,
         soft_rows: list[int] | None = None,
+        images: PromptImages | None = None,
     ) -> torch.Tensor:
         """Mixed-phase pass over a `RowCache` (see `DiffusionGemmaTextStack.run_rows`): tokens [n, T] -> post-norm
-        hidden [n, T, H]; encoder rows commit, denoising rows `soft_rows` get soft_embeddings [m, L, H]. The row
-        bookkeeping (q_lens, encoder_rows, soft_rows) is host lists, so the pass makes no host sync."""
+        hidden [n, T, H]; encoder rows commit, denoising rows `soft_rows` get soft_embeddings [m, L, H], prefill rows
+        their `images` ([n, T] placeholders). The row bookkeeping (q_lens, encoder_rows, soft_rows) is host lists, so
+        the pass makes no host sync."""
         return self.get_decoder().run_rows(
             tokens, cache, q_lens, encoder_rows, self.model.encoder.layer_scalars(), soft_embeddings, soft_rows,
-            canvas_length=self.canvas_length, backend=self.attention_backend,
+            canvas_length=self.canvas_length, backend=self.attention_backend, images=images,
         )
 
     def forward(
@@ -292,6 +307,10 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         decoder_attention_mask: torch.Tensor | None = None,
         decoder_position_ids: torch.LongTensor | None = None,
         labels: torch.LongTensor | None = None,
+        pixel_values: torch.Tensor | None = None,
+        image_position_ids: torch.LongTensor | None = None,
+        mm_token_type_ids: torch.LongTensor | None = None,
+        mm_encoder_outputs: dict | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         use_cache: bool | None = None,
@@ -311,12 +330,26 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
                 reference, the decoder only masks padding when this is given.
             decoder_position_ids: [1 or B, L]; default: slots S..S+L-1.
             labels: [B, L] clean canvas for the training loss (see `diffusiongemma.training`).
+            pixel_values: [I, M, 3*p*p] images from the Gemma 4 processor, encoded once into the placeholders of
+                `input_ids` (`config.image_token_id`); image_position_ids: [I, M, 2] their patch positions.
+            mm_token_type_ids: [B, P] 1 at image tokens: with `use_bidirectional_attention == "vision"` each image's
+                tokens see each other in the encoder pass (as the built-in `generate` does; its `forward` drops this
+                overlay, spec H.17).
+            mm_encoder_outputs: `{"image": model.get_image_features(...)}` instead of `pixel_values`.
             output_hidden_states: also return the decoder-mode hidden state after every layer.
         Returns:
             `DiffusionGemmaOutput` with `logits` [B, L, V] fp32.
         """
+        check_no_audio_or_video(kwargs)
         if kwargs:
             raise TypeError(f"forward() got unexpected keyword arguments: {sorted(kwargs)}")
+        vision = dict(pixel_values=pixel_values, image_position_ids=image_position_ids,
+                      mm_token_type_ids=mm_token_type_ids, mm_encoder_outputs=mm_encoder_outputs)
+        if input_ids is None and any(v is not None for v in vision.values()):
+            raise ValueError(f"image inputs {sorted(k for k, v in vision.items() if v is not None)} need `input_ids` "
+                             "(images enter through the encoder pass over the prompt)")
+        if labels is not None and any(v is not None for v in vision.values()):
+            raise ValueError("the training loss (`labels`) takes text prompts only; drop the image inputs")
         if labels is not None:
             from ..training.loss import block_diffusion_loss
 
@@ -340,7 +373,9 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         cache = past_key_values if past_key_values is not None else self.new_cache()
         encoder_hidden = None
         if input_ids is not None:
-            encoder_hidden = self.encode(input_ids, cache, keep=inputs.encoder_keep, positions=position_ids)
+            images = prompt_images(self, input_ids, **vision)
+            encoder_hidden = self.encode(input_ids, cache, keep=inputs.encoder_keep, positions=position_ids,
+                                         images=images)
         canvas = decoder_input_ids
         if canvas is None:
             # spec C.12: a missing canvas is drawn uniformly from the global RNG
@@ -466,6 +501,9 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         )
         if allow_mismatch:
             info = {**info, "mismatched_keys": set()}
+        # a text-only checkpoint (loadable with strict=False) refuses images rather than read them with random weights
+        model._vision_weights_missing = any(".vision_tower." in k or ".embed_vision." in k
+                                            for k in info.get("missing_keys", ()))
         problems = loading_problems(info)
         if strict and problems:
             raise ValueError(

@@ -16,6 +16,7 @@ from .layers import DiffusionGemmaLayer
 from .host import device_tensor, to_device
 from .masks import PaddingSlots, build_decoder_masks, build_encoder_masks, build_row_masks
 from .rope import rope_cos_sin, rope_inv_freq
+from .vision import scatter_images
 
 
 class DiffusionGemmaTextStack(nn.Module):
@@ -95,6 +96,7 @@ class DiffusionGemmaTextStack(nn.Module):
         positions: torch.Tensor | None = None,
         backend: str = "sdpa",
         collect: list | None = None,
+        vision_groups: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Encoder mode: embeds [B, T, H] at slots [S, S+T), causal; writes the cache and advances it by T.
 
@@ -102,6 +104,7 @@ class DiffusionGemmaTextStack(nn.Module):
             layer_scalars: the encoder-mode `layer_scalar` of every layer (a separate checkpoint buffer, spec B.2).
             keep: [B, >= S+T] bool, False for padding slots; None for no padding.
             positions: RoPE positions [B or 1, T]; defaults to the slots (left padding not compensated, spec C.10).
+            vision_groups: [B, T] image of each token (-1 text): tokens of one image see each other (spec C.4).
         Returns:
             post-norm hidden states [B, T, H].
         """
@@ -109,7 +112,8 @@ class DiffusionGemmaTextStack(nn.Module):
         S = cache.length
         if positions is None:
             positions = torch.arange(S, S + T, device=embeds.device)[None]
-        masks = build_encoder_masks(self.type_shapes, S, T, keep, self.causal_encoder, B, embeds.device, backend)
+        masks = build_encoder_masks(self.type_shapes, S, T, keep, self.causal_encoder, B, embeds.device, backend,
+                                    vision_groups)
         ctx = PassContext(self._rope(positions, embeds.dtype), masks, cache, True, backend)
         hidden = self._run(embeds, ctx, layer_scalars, collect)
         cache.advance(T)
@@ -185,6 +189,7 @@ class DiffusionGemmaTextStack(nn.Module):
         soft_rows: list[int] | None = None,
         canvas_length: int = 0,
         backend: str = "sdpa",
+        images=None,
     ) -> torch.Tensor:
         """One mixed-phase pass: every row is an encoder row (prefill or commit: causal, its tokens get committed) or
         a denoising row (bidirectional canvas with self-conditioning, reads its prefix); all share one forward.
@@ -200,6 +205,7 @@ class DiffusionGemmaTextStack(nn.Module):
             soft_embeddings: [m, L, H] self-conditioning input of the denoising rows `soft_rows` (m row indices; the
                 other denoising rows are on their first step and have none).
             canvas_length: L, the denoising rows' real tokens (self-conditioning applies to those).
+            images: a `vision.PromptImages` over [n, T] for the prefill rows' image soft tokens, or None.
         Returns:
             post-norm hidden states [n, T, H].
         """
@@ -208,7 +214,7 @@ class DiffusionGemmaTextStack(nn.Module):
         soft_rows = list(soft_rows) if soft_rows is not None else []
         first_start, last_start = min(cache.lengths[:n]), max(cache.lengths[:n])
         starts = cache.begin(n, T)  # [n] S_b on the device
-        x = self.embed_tokens(tokens)  # [n, T, H]
+        x = scatter_images(self.embed_tokens(tokens), images)  # [n, T, H]
         first_step = [b for b in range(n) if not encoder_rows[b] and b not in soft_rows]
         if first_step:  # denoising rows without a self-conditioning input yet
             rows = device_tensor(first_step, torch.long, device)
@@ -220,7 +226,7 @@ class DiffusionGemmaTextStack(nn.Module):
         encoder = device_tensor(encoder_rows, torch.bool, device)  # [n]
         masks = build_row_masks(self.type_shapes, starts, (first_start, last_start),
                                 device_tensor(q_lens, torch.long, device), encoder, T, self.causal_encoder, device,
-                                backend)
+                                backend, images.groups if images is not None else None)
         ctx = PassContext(self._rope(positions, x.dtype), masks, cache, False, backend)
         pick = encoder[:, None, None]
         scalars = [torch.where(pick, enc, layer.layer_scalar) for enc, layer in zip(encoder_scalars, self.layers)]
