@@ -22,8 +22,15 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
-        "test": ["pytest>=8", "bitsandbytes>=0.49"],
+        # the test extra carries the convert extra's pins, so CI runs the conversion tests (tests/conversion)
+        "test": ["pytest>=8", "bitsandbytes>=0.49", "orbax-checkpoint==0.11.33", "tensorstore==0.1.86",
+                 "jax[cpu]==0.10.2", "ml_dtypes>=0.5", "numpy>=1.26"],
         "bnb": ["bitsandbytes>=0.45"],
+        # `diffusiongemma convert orbax` (docs/conversion.md): TensorStore reads the Orbax arrays, orbax-checkpoint
+        # (JAX on CPU) writes synthetic checkpoints. orbax-checkpoint 0.11.33 is the version the upstream converter
+        # pins (it notes 0.11.34-0.11.36 fail); tensorstore and jax are the versions pip resolves with it, tested.
+        "convert": ["orbax-checkpoint==0.11.33", "tensorstore==0.1.86", "jax[cpu]==0.10.2", "ml_dtypes>=0.5",
+                    "numpy>=1.26"],
         "plot": ["matplotlib>=3.8"],  # benchmarks/sudoku_showcase.py writes a PNG plot with it
     },
     entry_points={"console_scripts": ["diffusiongemma=diffusiongemma.cli:main"]},

@@ -201,12 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_generate_command(subparsers)
     from .accuracy.cli import add_accuracy_commands
+    from .conversion.cli import add_convert_commands
     from .quantization.cli import add_quantize_command
     from .sudoku.cli import add_sudoku_commands
 
     add_sudoku_commands(subparsers)
     add_quantize_command(subparsers)
     add_accuracy_commands(subparsers)
+    add_convert_commands(subparsers)
     return parser
 
 

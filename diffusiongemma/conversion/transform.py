@@ -1,0 +1,40 @@
+"""Apply one planned rule to the array it reads, in bounded slices: `converted_chunks` yields the output tensor's bytes
+in order, each slice transposed, cast via float32 (spec G) and then to the target dtype.
+
+The converter writes these bytes; `verify` compares them with what was written. Both therefore agree on "exact after
+the dtype cast" by construction, and the tests check the result against the source model independently.
+"""
+
+import numpy as np
+import torch
+
+from .rules import PlannedTensor
+
+__all__ = ["CHUNK_BYTES", "TORCH_DTYPES", "converted_chunks"]
+
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+CHUNK_BYTES = 32 * 2**20  # float32 bytes per slice: the fixed working memory on top of the array read
+
+
+def converted_chunks(part: np.ndarray, item: PlannedTensor, dtype: str, chunk_bytes: int = CHUNK_BYTES):
+    """Yield the bytes (uint8 arrays) of `item`'s Hugging Face tensor, from `part` = source[item.select].
+
+    The transposed selection has the output's byte order (a reshape changes no bytes), so slicing it along its first
+    axis gives consecutive byte ranges of the output.
+
+    Raises:
+        ValueError: `part` does not have the shape the rule expects (names the Orbax path and both shapes).
+    """
+    view = part.transpose(item.perm) if item.perm else part
+    if tuple(view.shape) != item.transposed_shape():
+        raise ValueError(f"{item.orbax_path}{list(item.select) if item.select else ''}: expected shape "
+                         f"{item.transposed_shape()} after transposing, found {tuple(view.shape)}")
+    if view.ndim == 0:
+        view = view.reshape(1)
+    row_bytes = 4 * int(np.prod(view.shape[1:], dtype=np.int64))
+    step = max(1, chunk_bytes // max(row_bytes, 1))
+    target = TORCH_DTYPES[dtype]
+    for start in range(0, view.shape[0], step):
+        chunk = np.ascontiguousarray(view[start:start + step], dtype=np.float32)  # spec G: via float32
+        out = torch.from_numpy(chunk).to(target)
+        yield out.reshape(-1).view(torch.uint8).numpy()
