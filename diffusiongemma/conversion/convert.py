@@ -1,12 +1,13 @@
 """`convert_orbax`: stream an Orbax DiffusionGemma checkpoint into a Hugging Face folder (spec G, B.2, A.5).
 
 One array at a time: read the selection a planned tensor needs (a stacked vision array one layer slice at a time),
-transform and cast it in 32 MB slices, append the bytes to a safetensors shard whose header was written up front.
+transform and cast it in 16 MB slices, append the bytes to a safetensors shard whose header was written up front.
 Peak memory is the largest array read plus the slices plus the imports, never a shard or the model. The folder is
 written by `diffusiongemma.io.atomic_folder`: an interrupted conversion leaves no complete-looking DST.
 """
 
 import copy
+import ctypes
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ from .orbax import OrbaxCheckpoint
 from .plan import match_checkpoint
 from .rules import expand_rules
 from .safetensors_stream import DTYPE_NAMES, ShardedWriter, TensorEntry, parse_size, plan_shards
-from .transform import TORCH_DTYPES, converted_chunks
+from .transform import TORCH_DTYPES, streamed_chunks
 
 __all__ = ["RELEASED_CONFIG", "RELEASED_GENERATION_CONFIG", "convert_orbax", "load_config", "write_configs"]
 
@@ -45,6 +46,22 @@ RELEASED_GENERATION_CONFIG = dict(
     max_new_tokens=256, max_denoising_steps=48, t_min=0.4, t_max=0.8, stability_threshold=1,
     confidence_threshold=0.005, eos_token_id=[1, 106, 50], pad_token_id=0, return_dict_in_generate=True,
 )
+
+
+def release_freed_memory() -> None:
+    """Hand freed heap memory back to the OS after each tensor (glibc keeps it otherwise, and resident memory would
+    creep up by the array sizes seen so far); a no-op where `malloc_trim` does not exist."""
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        try:
+            _MALLOC_TRIM = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)
+
+
+_MALLOC_TRIM = None
 
 
 def load_config(path=None) -> DiffusionGemmaConfig:
@@ -160,12 +177,11 @@ def convert_orbax(src, dst, config=None, dtype: str = "bfloat16", text_only: boo
                 path = plan.sources[item.key]
                 if reader is None or reader.info.path != path:
                     reader = checkpoint.reader(path, reads[path])
-                part = reader.read(item.select)
                 writer.begin(item.key)
-                for chunk in converted_chunks(part, item, dtype):
+                for chunk in streamed_chunks(reader, item, dtype):
                     writer.write(chunk)
                     bar.update(chunk.nbytes)
-                del part
+                release_freed_memory()
                 done += 1
                 bar.set_postfix_str(f"{done}/{len(entries)} tensors", refresh=False)
             reader = None

@@ -54,7 +54,8 @@ def read_spec(directory: str, name: str, use_ocdbt: bool, use_zarr3: bool) -> di
     """The TensorStore spec that opens array `name` of the checkpoint in `directory` for reading (as Orbax does)."""
     directory = os.path.abspath(directory)
     if use_ocdbt:
-        kvstore = {"driver": "ocdbt", "base": {"driver": "file", "path": directory}, "path": name}
+        kvstore = {"driver": "ocdbt", "base": {"driver": "file", "path": directory}, "path": name,
+                   "cache_pool": "cache_pool#ocdbt"}
     else:
         kvstore = {"driver": "file", "path": os.path.join(directory, name)}
     return {"driver": "zarr3" if use_zarr3 else "zarr", "kvstore": kvstore, "recheck_cached_data": False,
@@ -105,7 +106,9 @@ class OrbaxCheckpoint:
             roots = sorted({"/".join(p[:2]) for p in leaves})[:5]
             raise ValueError(f"{self.directory} is not rooted at params/transformer/ (spec G); its top-level paths "
                              f"are {roots}")
-        self.context = self.ts.Context({"cache_pool": {"total_bytes_limit": METADATA_CACHE_BYTES}})
+        # decoded chunks are not cached (cache_pool 0) unless a reader asks; OCDBT's b-tree nodes are, on their own
+        self.context = self.ts.Context({"cache_pool": {"total_bytes_limit": 0},
+                                        "cache_pool#ocdbt": {"total_bytes_limit": METADATA_CACHE_BYTES}})
         self._names = {"/".join(p[1:]): ".".join(p) for p in leaves if p[0] == "params"}
         self._arrays: dict[str, OrbaxArray] = {}
 
@@ -127,19 +130,37 @@ class OrbaxCheckpoint:
         return self._arrays[path]
 
     def reader(self, path: str, reads: int = 1) -> "ArrayReader":
-        """The array at `path`, open for `reads` selections; with several (a stacked array read layer by layer), decoded
-        chunks stay cached, at most the array's own size, so each chunk is decoded once."""
+        """The array at `path`, open for `reads` selections. When several selections share a storage chunk (a
+        stacked array saved as one chunk, read layer by layer), that chunk stays cached so it is decoded once."""
         info = self.array(path)
-        cache = info.nbytes if reads > 1 else 0
-        return ArrayReader(info, self._open(path, cache))
+        reader = ArrayReader(info, self._open(path))
+        shape = reader.store.chunk_layout.read_chunk.shape
+        if reads > 1 and shape is not None and len(shape) and (shape[0] or 0) > 1:
+            chunk_bytes = info.dtype.itemsize
+            for n in shape:
+                chunk_bytes *= n
+            reader = ArrayReader(info, self._open(path, cache_bytes=chunk_bytes + 2**20))
+        return reader
 
 
 class ArrayReader:
-    """One open Orbax array; `read(select)` returns `array[select]` as a NumPy array in the stored dtype."""
+    """One open Orbax array; `read(select, rows)` returns `array[select][rows]` as a NumPy array (stored dtype)."""
 
     def __init__(self, info: OrbaxArray, store):
         self.info, self.store = info, store
 
-    def read(self, select: tuple = ()):
+    def rows_per_chunk(self, select: tuple = ()) -> int:
+        """How many leading rows of `array[select]` one storage chunk holds (0 for a 0-d selection).
+
+        A single-host Orbax save stores each array as one chunk; a multi-device save stores one chunk per shard, and
+        `SaveArgs(chunk_byte_size=...)` smaller ones: reads aligned with them decode each chunk once.
+        """
         view = self.store[select] if select else self.store
+        shape = view.chunk_layout.read_chunk.shape
+        return int(shape[0]) if shape is not None and len(shape) and shape[0] else 0
+
+    def read(self, select: tuple = (), rows: tuple[int, int] | None = None):
+        view = self.store[select] if select else self.store
+        if rows is not None:
+            view = view[rows[0]:rows[1]]
         return view.read().result()

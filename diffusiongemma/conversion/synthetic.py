@@ -79,9 +79,14 @@ def random_orbax_tree(config, seed: int = 0, dtype: str = "bfloat16", text_only:
     return _nest(arrays)
 
 
-def write_orbax_checkpoint(tree: dict, directory) -> None:
+def write_orbax_checkpoint(tree: dict, directory, chunk_bytes: int | None = None) -> None:
     """Save `tree` with orbax-checkpoint's PyTreeCheckpointer (as the release was saved); `directory` must not
-    exist yet."""
+    exist yet.
+
+    Args:
+        chunk_bytes: store arrays in chunks of at most this many bytes (`SaveArgs(chunk_byte_size=...)`), as a
+            sharded multi-device save stores one chunk per shard; None: one chunk per array (a single-host save).
+    """
     try:
         import orbax.checkpoint as ocp
     except ImportError as error:
@@ -90,5 +95,10 @@ def write_orbax_checkpoint(tree: dict, directory) -> None:
         raise ImportError(f"writing an Orbax checkpoint needs orbax-checkpoint ({error}); install it with: "
                           f"{INSTALL_HINT}") from None
     checkpointer = ocp.PyTreeCheckpointer()
-    checkpointer.save(str(directory), tree)
+    save_args = None
+    if chunk_bytes is not None:
+        import jax
+
+        save_args = jax.tree_util.tree_map(lambda _: ocp.SaveArgs(chunk_byte_size=int(chunk_bytes)), tree)
+    checkpointer.save(str(directory), tree, save_args=save_args)
     checkpointer.close()

@@ -10,25 +10,31 @@ import torch
 
 from .rules import PlannedTensor
 
-__all__ = ["CHUNK_BYTES", "TORCH_DTYPES", "converted_chunks"]
+__all__ = ["CHUNK_BYTES", "SLAB_BYTES", "TORCH_DTYPES", "converted_chunks", "streamed_chunks"]
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-CHUNK_BYTES = 32 * 2**20  # float32 bytes per slice: the fixed working memory on top of the array read
+CHUNK_BYTES = 16 * 2**20  # float32 bytes per slice: the fixed working memory on top of the array read
+SLAB_BYTES = 16 * 2**20  # source bytes per read when the storage chunks allow reading part of an array
 
 
-def converted_chunks(part: np.ndarray, item: PlannedTensor, dtype: str, chunk_bytes: int = CHUNK_BYTES):
+def converted_chunks(part: np.ndarray, item: PlannedTensor, dtype: str, chunk_bytes: int = CHUNK_BYTES,
+                     rows: int | None = None):
     """Yield the bytes (uint8 arrays) of `item`'s Hugging Face tensor, from `part` = source[item.select].
 
     The transposed selection has the output's byte order (a reshape changes no bytes), so slicing it along its first
-    axis gives consecutive byte ranges of the output.
+    axis gives consecutive byte ranges of the output. `rows`: `part` is a slab of that many leading rows of a rule
+    whose transpose keeps the first axis in place (`streamed_chunks`).
 
     Raises:
         ValueError: `part` does not have the shape the rule expects (names the Orbax path and both shapes).
     """
     view = part.transpose(item.perm) if item.perm else part
-    if tuple(view.shape) != item.transposed_shape():
+    expected = item.transposed_shape()
+    if rows is not None:
+        expected = (rows, *expected[1:])
+    if tuple(view.shape) != expected:
         raise ValueError(f"{item.orbax_path}{list(item.select) if item.select else ''}: expected shape "
-                         f"{item.transposed_shape()} after transposing, found {tuple(view.shape)}")
+                         f"{expected} after transposing, found {tuple(view.shape)}")
     if view.ndim == 0:
         view = view.reshape(1)
     row_bytes = 4 * int(np.prod(view.shape[1:], dtype=np.int64))
@@ -38,3 +44,19 @@ def converted_chunks(part: np.ndarray, item: PlannedTensor, dtype: str, chunk_by
         chunk = np.ascontiguousarray(view[start:start + step], dtype=np.float32)  # spec G: via float32
         out = torch.from_numpy(chunk).to(target)
         yield out.reshape(-1).view(torch.uint8).numpy()
+
+
+def streamed_chunks(reader, item: PlannedTensor, dtype: str, slab_bytes: int = SLAB_BYTES):
+    """`converted_chunks` of `item`, reading its source through `reader` (an `orbax.ArrayReader`) in slabs of whole
+    storage chunks along the first axis when the rule keeps that axis first; otherwise the selection at once."""
+    part_shape = item.source_shape[len(item.select):]
+    keeps_first_axis = len(part_shape) > 1 and (item.perm is None or item.perm[0] == 0)
+    per_chunk = reader.rows_per_chunk(item.select) if keeps_first_axis else 0
+    if not per_chunk or per_chunk >= part_shape[0]:
+        yield from converted_chunks(reader.read(item.select), item, dtype)
+        return
+    row_bytes = reader.info.dtype.itemsize * int(np.prod(part_shape[1:], dtype=np.int64))
+    step = max(1, slab_bytes // (row_bytes * per_chunk)) * per_chunk
+    for start in range(0, part_shape[0], step):
+        stop = min(start + step, part_shape[0])
+        yield from converted_chunks(reader.read(item.select, (start, stop)), item, dtype, rows=stop - start)

@@ -19,7 +19,7 @@ from .orbax import OrbaxCheckpoint
 from .plan import match_checkpoint
 from .rules import expand_rules
 from .safetensors_stream import DTYPE_NAMES
-from .transform import converted_chunks
+from .transform import streamed_chunks
 
 __all__ = ["read_safetensors_header", "verify_conversion"]
 
@@ -93,7 +93,7 @@ def verify_conversion(src, dst, allow_unused: bool = False, progress: bool = Fal
         start, end = entry["data_offsets"]
         stored = np.memmap(file, np.uint8, "r", offset=data_start + start, shape=(end - start,))
         position, differ = 0, 0
-        for chunk in converted_chunks(reader.read(item.select), item, dtype):
+        for chunk in streamed_chunks(reader, item, dtype):
             differ += _differences(np.asarray(stored[position:position + chunk.nbytes]), chunk, item_size)
             position += chunk.nbytes
         del stored

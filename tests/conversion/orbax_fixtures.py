@@ -24,13 +24,15 @@ def source_model(config=None, seed: int = 0):
     return model
 
 
-def write_checkpoint(path, model, config, text_only: bool = False, dtype: str = "float32", edit=None):
-    """Write `model`'s weights as an Orbax checkpoint at `path`; `edit(tree)` may change the tree first."""
+def write_checkpoint(path, model, config, text_only: bool = False, dtype: str = "float32", edit=None,
+                     chunk_bytes=None):
+    """Write `model`'s weights as an Orbax checkpoint at `path`; `edit(tree)` may change the tree first;
+    `chunk_bytes`: storage chunk size (None: one chunk per array)."""
     tree = orbax_tree_from_state_dict(model.state_dict(), config, text_only=text_only, dtype=dtype)
     if edit is not None:
         tree = copy.deepcopy(tree)
         edit(tree["params"])
-    write_orbax_checkpoint(tree, path)
+    write_orbax_checkpoint(tree, path, chunk_bytes)
     return path
 
 

@@ -96,7 +96,7 @@ def test_existing_destination_is_refused_unless_overwrite(tmp_path, model_and_co
 
 def test_interrupted_conversion_leaves_no_folder(tmp_path, model_and_config, monkeypatch):
     src = checkpoint(tmp_path, model_and_config)
-    real = convert_module.converted_chunks
+    real = convert_module.streamed_chunks
     calls = []
 
     def failing(*args, **kwargs):
@@ -105,7 +105,7 @@ def test_interrupted_conversion_leaves_no_folder(tmp_path, model_and_config, mon
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(convert_module, "converted_chunks", failing)
+    monkeypatch.setattr(convert_module, "streamed_chunks", failing)
     with pytest.raises(KeyboardInterrupt):
         convert_orbax(src, tmp_path / "hf", config=model_and_config[1], progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no DST, no temporary sibling
