@@ -7,6 +7,8 @@ and the projector go under `transformer/` (their real location is unconfirmed, s
 name anywhere).
 """
 
+import os
+
 import numpy as np
 
 from .rules import PlannedTensor, expand_rules, source_part_from_target
@@ -100,5 +102,5 @@ def write_orbax_checkpoint(tree: dict, directory, chunk_bytes: int | None = None
         import jax
 
         save_args = jax.tree_util.tree_map(lambda _: ocp.SaveArgs(chunk_byte_size=int(chunk_bytes)), tree)
-    checkpointer.save(str(directory), tree, save_args=save_args)
+    checkpointer.save(os.path.abspath(directory), tree, save_args=save_args)  # Orbax wants absolute paths
     checkpointer.close()
