@@ -95,7 +95,7 @@ class OrbaxCheckpoint:
             raise FileNotFoundError(f"Orbax checkpoint folder {self.directory} does not exist")
         if not os.path.isfile(meta_file):
             raise FileNotFoundError(f"{self.directory} has no _METADATA file: not an Orbax PyTree checkpoint (pass "
-                                    "the folder that holds _METADATA, e.g. .../checkpoint/params's parent)")
+                                    "the folder that holds _METADATA)")
         with open(meta_file) as f:
             metadata = json.load(f)
         self.use_ocdbt = bool(metadata.get("use_ocdbt", os.path.isfile(os.path.join(self.directory,

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..modeling.config import check_config
 from ..modeling.weights import checkpoint_shards
-from .convert import load_config
+from .convert import load_config, release_freed_memory
 from .orbax import OrbaxCheckpoint
 from .plan import match_checkpoint
 from .rules import expand_rules
@@ -97,6 +97,7 @@ def verify_conversion(src, dst, allow_unused: bool = False, progress: bool = Fal
             differ += _differences(np.asarray(stored[position:position + chunk.nbytes]), chunk, item_size)
             position += chunk.nbytes
         del stored
+        release_freed_memory()
         if differ:
             where = f"params/{path}" + (f"[{', '.join(map(str, item.select))}]" if item.select else "")
             problems.append(f"{item.key}: {differ} of {(end - start) // item_size} values differ from {where} "

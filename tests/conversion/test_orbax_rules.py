@@ -2,12 +2,10 @@
 shapes both model classes hold, each transform is the spec's, and the reader opens arrays as Orbax does."""
 
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 import torch
 from conftest import VISION, tiny_config
-from etils import epath
-from orbax_fixtures import source_model, write_checkpoint
+from orbax_fixtures import source_model, write_checkpoint  # skips the module without the convert extra
 from transformers import DiffusionGemmaConfig
 
 from diffusiongemma import DiffusionGemmaForBlockDiffusion
@@ -75,6 +73,9 @@ def test_transforms_match_spec_g_by_hand():
 
 
 def test_our_read_spec_is_orbaxs(tmp_path):
+    import orbax.checkpoint as ocp
+    from etils import epath
+
     tree = {"params": {"transformer": {"a": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}}}}
     for use_ocdbt in (True, False):
         path = tmp_path / f"ocdbt_{use_ocdbt}"
