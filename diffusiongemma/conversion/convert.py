@@ -48,20 +48,30 @@ RELEASED_GENERATION_CONFIG = dict(
 )
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
+def return_large_buffers_to_the_os() -> None:
+    """Make glibc give every buffer of 1 MiB or more its own mapping, unmapped when freed. TensorStore decodes in its
+    own threads, whose malloc arenas would otherwise keep each freed chunk buffer resident, so resident memory would
+    climb well past the live data. Process-wide and harmless; a no-op without glibc's `mallopt`."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(M_MMAP_THRESHOLD, 2**20)
+
+
 def release_freed_memory() -> None:
-    """Hand freed heap memory back to the OS after each tensor (glibc keeps it otherwise, and resident memory would
-    creep up by the array sizes seen so far); a no-op where `malloc_trim` does not exist."""
-    global _MALLOC_TRIM
-    if _MALLOC_TRIM is None:
-        try:
-            _MALLOC_TRIM = ctypes.CDLL(None).malloc_trim
-        except (OSError, AttributeError):
-            _MALLOC_TRIM = False
-    if _MALLOC_TRIM:
-        _MALLOC_TRIM(0)
-
-
-_MALLOC_TRIM = None
+    """Hand freed heap memory back to the OS (after each tensor); a no-op without glibc's `malloc_trim`."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 def load_config(path=None) -> DiffusionGemmaConfig:
@@ -161,6 +171,7 @@ def convert_orbax(src, dst, config=None, dtype: str = "bfloat16", text_only: boo
     if not isinstance(config, DiffusionGemmaConfig):
         config = load_config(config)
     check_config(config)
+    return_large_buffers_to_the_os()
     checkpoint = OrbaxCheckpoint(src)
     plan, _ = match_checkpoint(checkpoint, expand_rules(config, text_only), config, text_only, allow_unused)
     entries = [TensorEntry(t.key, t.shape, dtype) for t in plan.tensors]

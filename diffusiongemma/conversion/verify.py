@@ -14,7 +14,7 @@ import numpy as np
 
 from ..modeling.config import check_config
 from ..modeling.weights import checkpoint_shards
-from .convert import load_config, release_freed_memory
+from .convert import load_config, release_freed_memory, return_large_buffers_to_the_os
 from .orbax import OrbaxCheckpoint
 from .plan import match_checkpoint
 from .rules import expand_rules
@@ -56,6 +56,7 @@ def verify_conversion(src, dst, allow_unused: bool = False, progress: bool = Fal
     config = load_config(config_file)
     check_config(config)
     planned = expand_rules(config, text_only)
+    return_large_buffers_to_the_os()
     checkpoint = OrbaxCheckpoint(src)
     plan, problems = match_checkpoint(checkpoint, planned, config, text_only, allow_unused, raise_on_problems=False)
     shards = checkpoint_shards(os.fspath(dst)) or {}
