@@ -168,6 +168,8 @@ def convert_orbax(src, dst, config=None, dtype: str = "bfloat16", text_only: boo
         raise ValueError(f"the output folder must differ from the Orbax checkpoint folder ({src})")
     if not overwrite and holds_checkpoint(Path(dst)):
         raise FileExistsError(f"{dst} already holds a checkpoint: pass --overwrite to replace it")
+    if tokenizer is not None and not os.path.isdir(tokenizer):  # before the conversion, not after it
+        raise FileNotFoundError(f"--tokenizer {tokenizer}: no such folder")
     if not isinstance(config, DiffusionGemmaConfig):
         config = load_config(config)
     check_config(config)

@@ -122,6 +122,8 @@ def test_source_that_is_not_an_orbax_checkpoint(tmp_path, model_and_config):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no _METADATA"):
         convert_orbax(tmp_path / "empty", tmp_path / "hf", config=model_and_config[1], progress=False)
+    with pytest.raises(FileNotFoundError, match="--tokenizer"):
+        convert_orbax(tmp_path / "empty", tmp_path / "hf", tokenizer=tmp_path / "no_such_folder", progress=False)
     bad_shard = ["convert", "orbax", str(tmp_path / "empty"), str(tmp_path / "hf"), "--max-shard-size", "lots"]
     with pytest.raises(SystemExit):
         main(bad_shard)
