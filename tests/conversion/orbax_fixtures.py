@@ -10,7 +10,8 @@ from conftest import tiny_config, tiny_model
 
 from diffusiongemma.conversion.synthetic import orbax_tree_from_state_dict, write_orbax_checkpoint
 
-pytest.importorskip("orbax.checkpoint", reason="the conversion tests need the convert extra: pip install -e '.[convert]'")
+pytest.importorskip("orbax.checkpoint",
+                    reason="the conversion tests need the convert extra: pip install -e '.[convert]'")
 
 
 def source_model(config=None, seed: int = 0):
