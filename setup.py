@@ -22,13 +22,21 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
+        # the test extra carries the serve, vision and convert extras, so CI runs their tests (tests/serving,
+        # the image-prompt tests, tests/conversion)
         "test": ["pytest>=8", "bitsandbytes>=0.49", "fastapi>=0.115,<1", "uvicorn>=0.30,<1", "openai>=1.98,<4",
-                 "pydantic>=2,<3", "pillow>=10"],  # pillow: image prompt tests (tested: 13.0)
+                 "pydantic>=2,<3", "typing_extensions>=4.7", "pillow>=10", "orbax-checkpoint==0.11.33",
+                 "tensorstore==0.1.86", "jax[cpu]==0.10.2", "ml_dtypes>=0.5", "numpy>=1.26"],
         # `diffusiongemma serve` / `chat`: transformers serve's own dependencies (transformers[serving]); tested with
         # fastapi 0.165, uvicorn 0.54, openai 3.57, pydantic 2.14
         "serve": ["fastapi>=0.115,<1", "uvicorn>=0.30,<1", "openai>=1.98,<4", "pydantic>=2,<3", "typing_extensions>=4.7"],
         "bnb": ["bitsandbytes>=0.45"],
-        "vision": ["pillow>=10"],  # image files for prompts (docs/vision.md): CLI --image, load_image
+        "vision": ["pillow>=10"],  # image files for prompts (docs/vision.md): CLI --image, load_image (tested: 13.0)
+        # `diffusiongemma convert orbax` (docs/conversion.md): TensorStore reads the Orbax arrays, orbax-checkpoint
+        # (JAX on CPU) writes synthetic checkpoints. orbax-checkpoint 0.11.33 is the version the upstream converter
+        # pins (it notes 0.11.34-0.11.36 fail); tensorstore and jax are the versions pip resolves with it, tested.
+        "convert": ["orbax-checkpoint==0.11.33", "tensorstore==0.1.86", "jax[cpu]==0.10.2", "ml_dtypes>=0.5",
+                    "numpy>=1.26"],
         "plot": ["matplotlib>=3.8"],  # benchmarks/sudoku_showcase.py writes a PNG plot with it
     },
     entry_points={"console_scripts": ["diffusiongemma=diffusiongemma.cli:main"]},

@@ -211,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_generate_command(subparsers)
     from .accuracy.cli import add_accuracy_commands
+    from .conversion.cli import add_convert_commands
     from .quantization.cli import add_quantize_command
     from .serving.cli import add_serve_commands
     from .sudoku.cli import add_sudoku_commands
@@ -219,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_quantize_command(subparsers)
     add_accuracy_commands(subparsers)
     add_serve_commands(subparsers)
+    add_convert_commands(subparsers)
     return parser
 
 
