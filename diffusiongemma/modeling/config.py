@@ -172,3 +172,28 @@ def check_model_folder(path) -> None:
     if model_type != DiffusionGemmaConfig.model_type:
         raise ValueError(f"this folder ({path}) holds a {model_type or 'unknown (no model_type)'} checkpoint, not "
                          f"DiffusionGemma (model_type {DiffusionGemmaConfig.model_type!r})")
+
+
+def is_text_only_folder(path) -> bool:
+    """Whether a local checkpoint folder's config.json says `"vision_config": null` (no vision tower or projector).
+
+    transformers' `DiffusionGemmaConfig` fills in a default vision config when it reads null, so the choice is read
+    from the file itself.
+    """
+    config_file = os.path.join(os.fspath(path), "config.json")
+    if not os.path.isfile(config_file):
+        return False
+    with open(config_file) as f:
+        data = json.load(f)
+    return isinstance(data, dict) and "vision_config" in data and data["vision_config"] is None
+
+
+def text_only_config(path, kwargs: dict) -> dict:
+    """`from_pretrained` kwargs for a text-only folder: a config whose `vision_config` is None, so the model is built
+    without a vision tower (instead of a default one left at random). Other folders: `kwargs` unchanged."""
+    if "config" in kwargs or not is_text_only_folder(os.path.join(os.fspath(path), kwargs.get("subfolder") or "")):
+        return kwargs
+    config_kwargs = {k: kwargs[k] for k in ("subfolder", "revision", "cache_dir", "local_files_only") if k in kwargs}
+    config = DiffusionGemmaConfig.from_pretrained(path, **config_kwargs)
+    config.vision_config = None
+    return {**kwargs, "config": config}

@@ -19,7 +19,7 @@ from transformers import initialization as init
 
 from .blocks import RMSNorm
 from .cache import BlockDiffusionCache
-from .config import DiffusionGemmaConfig, check_config, check_model_folder
+from .config import DiffusionGemmaConfig, check_config, check_model_folder, text_only_config
 from .moe import Experts, Router
 from .parallel import add_stack_plans
 from .parallel_request import prepare_parallel_load
@@ -396,6 +396,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         if os.path.isdir(local):
             check_weight_files(local)  # one weight set, no stale shards
         kwargs = prepare_parallel_load(cls, pretrained_model_name_or_path, kwargs)  # tensor / expert parallelism
+        kwargs = text_only_config(pretrained_model_name_or_path, kwargs)  # `"vision_config": null`: no vision tower
         folder = compressed_tensors_folder(pretrained_model_name_or_path, kwargs)
         if folder is not None:
             return load_compressed_tensors_checkpoint(cls, folder, strict=strict, **kwargs)
@@ -414,8 +415,8 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         if allow_mismatch:
             info = {**info, "mismatched_keys": set()}
         # a text-only checkpoint (loadable with strict=False) refuses images rather than read them with random weights
-        model._vision_weights_missing = any(".vision_tower." in k or ".embed_vision." in k
-                                            for k in info.get("missing_keys", ()))
+        model._vision_weights_missing = model.config.vision_config is None or any(
+            ".vision_tower." in k or ".embed_vision." in k for k in info.get("missing_keys", ()))
         problems = loading_problems(info)
         if strict and problems:
             raise ValueError(

@@ -63,11 +63,18 @@ class MultimodalEmbedder(nn.Module):
 
 
 class DiffusionGemmaEncoderParts(nn.Module):
-    """What only encoder mode has: the vision tower, its projector and the encoder-mode layer scalars."""
+    """What only encoder mode has: the vision tower, its projector and the encoder-mode layer scalars.
+
+    A text-only config (`vision_config` None, e.g. `diffusiongemma convert orbax --text-only`) has neither tower nor
+    projector (both attributes None).
+    """
 
     def __init__(self, config: DiffusionGemmaConfig):
         super().__init__()
         self.language_model = _EncoderScalars(config.text_config.num_hidden_layers)
+        if config.vision_config is None:
+            self.vision_tower = self.embed_vision = None
+            return
         self.vision_tower = AutoModel.from_config(config.vision_config)
         vision_hidden = getattr(config.vision_config, "output_proj_dims", config.vision_config.hidden_size)
         self.embed_vision = MultimodalEmbedder(

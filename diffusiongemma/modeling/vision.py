@@ -131,9 +131,10 @@ def prompt_images(model, input_ids: torch.Tensor, pixel_values=None, image_posit
     features = None
     if has_images:
         if getattr(model, "_vision_weights_missing", False):
-            raise ValueError("this checkpoint is text-only (its files hold no vision tower weights; it was loaded with "
-                             "strict=False), so it cannot read images: drop `pixel_values`, or load a checkpoint with "
-                             "`model.encoder.vision_tower.*` weights")
+            why = ("its config.json has `vision_config: null`" if config.vision_config is None else
+                   "its files hold no vision tower weights; it was loaded with strict=False")
+            raise ValueError(f"this checkpoint is text-only ({why}), so it cannot read images: drop `pixel_values`, "
+                             "or load a checkpoint with `model.encoder.vision_tower.*` weights")
         if pixel_values is not None:
             if image_position_ids is None:
                 raise ValueError("`pixel_values` need `image_position_ids` (the Gemma 4 processor returns both)")

@@ -124,6 +124,28 @@ def test_text_only_drops_the_vision_tower(source, tmp_path):
     assert verify_conversion(path, dst) == []
 
 
+def test_text_only_folder_loads_strictly_without_a_vision_tower(source, tmp_path):
+    config, model, path = source
+    dst = tmp_path / "hf"
+    convert_orbax(path, dst, config=config, dtype="float32", text_only=True, progress=False)
+    loaded = DiffusionGemmaForBlockDiffusion.from_pretrained(dst)  # strict: nothing missing, nothing random
+    assert loaded.config.vision_config is None
+    assert loaded.model.encoder.vision_tower is None and loaded.model.encoder.embed_vision is None
+    ids = torch.randint(3, config.text_config.vocab_size, (1, 7))
+    canvas = torch.randint(3, config.text_config.vocab_size, (1, loaded.canvas_length))
+    with torch.no_grad():
+        got = loaded(input_ids=ids, decoder_input_ids=canvas).logits
+        want = model.eval()(input_ids=ids, decoder_input_ids=canvas).logits
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    pixels, positions = torch.zeros(1, 4, 3 * 16 * 16), torch.zeros(1, 4, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match="text-only .*vision_config: null"):
+        loaded(input_ids=ids, decoder_input_ids=canvas, pixel_values=pixels, image_position_ids=positions)
+    loaded.save_pretrained(tmp_path / "again")  # stays text-only through a save
+    with open(tmp_path / "again" / "config.json") as f:
+        assert json.load(f)["vision_config"] is None
+    assert DiffusionGemmaForBlockDiffusion.from_pretrained(tmp_path / "again").model.encoder.vision_tower is None
+
+
 def test_text_only_source_without_vision_arrays(source, tmp_path):
     config, model, _ = source
     path = write_checkpoint(tmp_path / "ckpt", model, config, text_only=True)
