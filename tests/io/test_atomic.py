@@ -99,6 +99,10 @@ def test_leftovers_of_dead_writers_are_removed(tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys, time
+    import signal
+    # Ctrl-C raises KeyboardInterrupt here even when the test runner was started with SIGINT ignored (a
+    # background job of a non-interactive shell): children inherit that, and Python then installs no handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from diffusiongemma.io.atomic import atomic_folder
     dst, version = sys.argv[1], sys.argv[2]
     print("ready", flush=True)

@@ -76,6 +76,10 @@ def test_exception_mid_save_keeps_the_old(tmp_path, models, monkeypatch):
 
 SAVER = textwrap.dedent("""
     import sys
+    import signal
+    # Ctrl-C raises KeyboardInterrupt here even when the test runner was started with SIGINT ignored (a
+    # background job of a non-interactive shell): children inherit that, and Python then installs no handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, sys.argv[2])
     from conftest import tiny_model
     model = tiny_model(seed=2)
