@@ -26,7 +26,7 @@ setup(
         # the image-prompt tests, tests/conversion)
         "test": ["pytest>=8", "bitsandbytes>=0.49", "fastapi>=0.115,<1", "uvicorn>=0.30,<1", "openai>=1.98,<4",
                  "pydantic>=2,<3", "typing_extensions>=4.7", "pillow>=10", "orbax-checkpoint==0.11.33",
-                 "tensorstore==0.1.86", "jax[cpu]==0.10.2", "ml_dtypes>=0.5", "numpy>=1.26"],
+                 "tensorstore==0.1.86", "jax[cpu]==0.10.2", "ml_dtypes>=0.5", "numpy>=1.26", "zstandard>=0.22"],
         # `diffusiongemma serve` / `chat`: transformers serve's own dependencies (transformers[serving]); tested with
         # fastapi 0.165, uvicorn 0.54, openai 3.57, pydantic 2.14
         "serve": ["fastapi>=0.115,<1", "uvicorn>=0.30,<1", "openai>=1.98,<4", "pydantic>=2,<3", "typing_extensions>=4.7"],
@@ -35,8 +35,9 @@ setup(
         # `diffusiongemma convert orbax` (docs/conversion.md): TensorStore reads the Orbax arrays, orbax-checkpoint
         # (JAX on CPU) writes synthetic checkpoints. orbax-checkpoint 0.11.33 is the version the upstream converter
         # pins (it notes 0.11.34-0.11.36 fail); tensorstore and jax are the versions pip resolves with it, tested.
+        # zstandard: the converter decodes zstd zarr chunks as streams (conversion/chunk_stream.py; tested: 0.25)
         "convert": ["orbax-checkpoint==0.11.33", "tensorstore==0.1.86", "jax[cpu]==0.10.2", "ml_dtypes>=0.5",
-                    "numpy>=1.26"],
+                    "numpy>=1.26", "zstandard>=0.22"],
         "plot": ["matplotlib>=3.8"],  # benchmarks/sudoku_showcase.py writes a PNG plot with it
     },
     entry_points={"console_scripts": ["diffusiongemma=diffusiongemma.cli:main"]},

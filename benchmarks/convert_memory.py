@@ -4,9 +4,8 @@
 
 Writes a random bf16 checkpoint in the release's tree layout with orbax-checkpoint (in this process), stored in chunks
 of --chunk-mb (as a multi-device save stores one chunk per shard; 0: one chunk per array, as a single-host save of
-NumPy arrays does, which TensorStore must decode whole: the peak then holds the compressed and the decoded copy of the
-largest array at once). Then it runs the
-command line in a child process and reports that child's peak resident memory (getrusage's ru_maxrss of the waited
+NumPy arrays does). The converter decodes zstd zarr chunks as streams of rows (conversion/chunk_stream.py), so neither
+layout makes it hold a whole decoded chunk. Then it runs the command line in a child process and reports that child's peak resident memory (getrusage's ru_maxrss of the waited
 child: the converting process alone), the largest single source array, the fixed cost of the imports (a child that
 only imports the command line), and the throughput in MB/s of source bytes. The checkpoint was just written, so it is
 read from the page cache: the MB/s is the converter's own speed, not the disk's.

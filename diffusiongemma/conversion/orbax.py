@@ -17,7 +17,7 @@ from dataclasses import dataclass
 __all__ = ["INSTALL_HINT", "OrbaxArray", "OrbaxCheckpoint", "read_spec", "require_tensorstore"]
 
 INSTALL_HINT = ('pip install "diffusiongemma[convert]"  (from a checkout: pip install -e ".[convert]"; it installs '
-                "orbax-checkpoint, tensorstore and jax for CPU at the tested versions)")
+                "orbax-checkpoint, tensorstore, zstandard and jax for CPU at the tested versions)")
 ARRAY_TYPES = ("np.ndarray", "jax.Array", "jax.numpy.ndarray", "scalar")  # _METADATA value types stored as zarr
 METADATA_CACHE_BYTES = 64 * 2**20  # OCDBT b-tree nodes, shared by every array
 
@@ -158,6 +158,13 @@ class ArrayReader:
         view = self.store[select] if select else self.store
         shape = view.chunk_layout.read_chunk.shape
         return int(shape[0]) if shape is not None and len(shape) and shape[0] else 0
+
+    def stream_rows(self, rows_per_slab: int):
+        """The whole array as consecutive row slabs, decoded as they are read (`chunk_stream`), or None when its
+        storage cannot be streamed that way."""
+        from .chunk_stream import streamed_rows
+
+        return streamed_rows(self.store, rows_per_slab)
 
     def read(self, select: tuple = (), rows: tuple[int, int] | None = None):
         view = self.store[select] if select else self.store

@@ -47,15 +47,22 @@ def converted_chunks(part: np.ndarray, item: PlannedTensor, dtype: str, chunk_by
 
 
 def streamed_chunks(reader, item: PlannedTensor, dtype: str, slab_bytes: int = SLAB_BYTES):
-    """`converted_chunks` of `item`, reading its source through `reader` (an `orbax.ArrayReader`) in slabs of whole
-    storage chunks along the first axis when the rule keeps that axis first; otherwise the selection at once."""
+    """`converted_chunks` of `item`, reading its source through `reader` (an `orbax.ArrayReader`). When the rule keeps
+    the first axis first, a whole array is decoded as a stream of row slabs (`chunk_stream`) where its storage allows,
+    else one chunked along that axis is read in slabs of whole chunks; otherwise the selection is read at once."""
     part_shape = item.source_shape[len(item.select):]
     keeps_first_axis = len(part_shape) > 1 and (item.perm is None or item.perm[0] == 0)
     per_chunk = reader.rows_per_chunk(item.select) if keeps_first_axis else 0
+    row_bytes = reader.info.dtype.itemsize * int(np.prod(part_shape[1:], dtype=np.int64))
+    if keeps_first_axis and not item.select:  # decode the chunks as streams of rows
+        slabs = reader.stream_rows(max(1, slab_bytes // max(row_bytes, 1)))
+        if slabs is not None:
+            for slab in slabs:
+                yield from converted_chunks(slab, item, dtype, rows=slab.shape[0])
+            return
     if not per_chunk or per_chunk >= part_shape[0]:
         yield from converted_chunks(reader.read(item.select), item, dtype)
         return
-    row_bytes = reader.info.dtype.itemsize * int(np.prod(part_shape[1:], dtype=np.int64))
     step = max(1, slab_bytes // (row_bytes * per_chunk)) * per_chunk
     for start in range(0, part_shape[0], step):
         stop = min(start + step, part_shape[0])

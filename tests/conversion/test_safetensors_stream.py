@@ -49,6 +49,7 @@ def test_out_of_order_or_short_writes_are_refused(tmp_path):
                                                        TensorEntry("b", (2,), "float32")], 10**6))
     with pytest.raises(RuntimeError, match="expected tensor a next, got b"):
         writer.begin("b")
+    writer.close()
     writer = ShardedWriter(str(tmp_path), plan_shards([TensorEntry("a", (2,), "float32")], 10**6))
     writer.begin("a")
     with pytest.raises(RuntimeError, match="past the end"):
