@@ -112,7 +112,7 @@ def main() -> None:
         server.stop()
         served.state.shutdown()
     base_rate = None
-    print(f"| clients | req/s | tokens/s | vs 1 client | first draft p50/p90/p99 (s) | first commit p50/p90/p99 (s) "
+    print("| clients | req/s | tokens/s | vs 1 client | first draft p50/p90/p99 (s) | first commit p50/p90/p99 (s) "
           f"| full response p50/p90/p99 (s) | solved |")
     print("|---|---|---|---|---|---|---|---|")
     for clients, wall, rs in rows:
