@@ -15,7 +15,6 @@ import argparse
 import math
 import os
 import platform
-import statistics
 import sys
 import threading
 import time
@@ -113,7 +112,7 @@ def main() -> None:
         served.state.shutdown()
     base_rate = None
     print("| clients | req/s | tokens/s | vs 1 client | first draft p50/p90/p99 (s) | first commit p50/p90/p99 (s) "
-          f"| full response p50/p90/p99 (s) | solved |")
+          "| full response p50/p90/p99 (s) | solved |")
     print("|---|---|---|---|---|---|---|---|")
     for clients, wall, rs in rows:
         rate = len(rs) / wall
