@@ -14,7 +14,10 @@ from .puzzles import (
     render_grid,
     solve,
 )
+from .rope_warning import install as _install_rope_warning_filter
 from .tokenizer import VOCAB, decode_solution, encode_puzzle, sudoku_tokenizer
+
+_install_rope_warning_filter()  # the demo model's RoPE `factor` is read, not unrecognized (see rope_warning.py)
 
 __all__ = [
     "BLANK",

@@ -104,6 +104,8 @@ def add_sudoku_commands(subparsers) -> None:
     t.add_argument("--hidden-size", type=positive_int, help="model width (default 128)")
     t.add_argument("--layers", type=positive_int, dest="num_layers", help="model layers (default 4)")
     t.add_argument("--experts", type=positive_int, dest="num_experts", help="MoE experts (default 4)")
+    t.add_argument("--positions", choices=["base3", "default"], help="RoPE layout of a fresh model: base3 "
+                   "(periods 3, 9, 27, 81, ...: the grid's structure) or Gemma's default frequencies (default base3)")
     t.add_argument("--init-from", metavar="DIR", help="start from this model's weights (e.g. the bundled demo "
                    "model) with a fresh optimizer; --hidden-size/--layers/--experts are then ignored")
     t.add_argument("--freeze-router", action="store_true", default=None, help="do not train the MoE routers")
@@ -172,7 +174,7 @@ def run_sudoku(args) -> int:
 
 # settings a resumed run must keep: they shape the checkpoint's model, the pool it draws from, or where it started
 FIXED_ON_RESUME = {"hidden_size": "--hidden-size", "num_layers": "--layers", "num_experts": "--experts",
-                   "init_from": "--init-from", "pool_size": "--pool-size", "seed": "--seed"}
+                   "positions": "--positions", "init_from": "--init-from", "pool_size": "--pool-size", "seed": "--seed"}
 
 
 def run_train_sudoku(args) -> int:

@@ -65,6 +65,9 @@ class SudokuTrainConfig:
         seed: seeds the model init, the puzzle pool, the data draws and the loss draws.
         pool_size: uniquely solvable puzzles generated up front (cached in `out`).
         hidden_size, num_layers, num_experts: model size (ignored with `init_from`).
+        positions: RoPE layout of a fresh model: "base3" (periods 3, 9, 27, 81...: the grid's column, row-in-band and
+            cell structure are single rotary frequencies; see `sudoku_rope`) or "default" (Gemma's frequencies, which
+            learn Sudoku several times slower).
         ar_weight: weight of the autoregressive prefix loss.
         freeze_router: keep the MoE routers at their initialization.
         init_from: start from the weights of this model folder (fresh optimizer) instead of a random init.
@@ -90,6 +93,7 @@ class SudokuTrainConfig:
     hidden_size: int = 128
     num_layers: int = 4
     num_experts: int = 4
+    positions: str = "base3"
     ar_weight: float = 1.0
     freeze_router: bool = False
     init_from: str | None = None
@@ -108,10 +112,40 @@ def config_from_dict(values: dict) -> SudokuTrainConfig:
     return SudokuTrainConfig(**{k: v for k, v in values.items() if k in known})
 
 
-def sudoku_model_config(hidden_size: int = 128, num_layers: int = 4, num_experts: int = 4) -> DiffusionGemmaConfig:
+POSITION_LAYOUTS = ("default", "base3")
+
+
+def sudoku_rope(positions: str, head_dim: int) -> dict:
+    """Per-layer-type RoPE parameters of the Sudoku model.
+
+    "default": Gemma's (theta 1e4 on sliding layers; proportional, theta 1e6, a quarter rotated on the full layer).
+    "base3": "proportional" RoPE whose rotated frequencies are 2*pi/3, 2*pi/9, 2*pi/27, ... (theta = 3**(D/2) makes
+    each frequency a third of the one before, factor 3/(2*pi) sets the first). Cell (r, c) of a grid written row by
+    row sits at 9r + c + offset, so "same column" is one phase of the period-9 frequency, "same cell of the puzzle and
+    of the solution" one phase of the period-81 frequency, and so on: relations the default frequencies (period
+    2*pi, 11.2, 19.9, ...) can only approximate. Half the dims rotate on sliding layers, a quarter on the full one;
+    the rest carry content only.
+    """
+    if positions == "default":
+        return {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "rope_theta": 1_000_000.0, "partial_rotary_factor": 0.25},
+        }
+    if positions == "base3":
+        theta, factor = float(3 ** (head_dim // 2)), 3 / (2 * math.pi)
+        return {
+            kind: {"rope_type": "proportional", "rope_theta": theta, "factor": factor, "partial_rotary_factor": share}
+            for kind, share in (("sliding_attention", 0.5), ("full_attention", 0.25))
+        }
+    raise ValueError(f"positions must be one of {POSITION_LAYOUTS}, got {positions!r}")
+
+
+def sudoku_model_config(hidden_size: int = 128, num_layers: int = 4, num_experts: int = 4,
+                        positions: str = "base3") -> DiffusionGemmaConfig:
     """A tiny DiffusionGemma config for the Sudoku vocabulary (15 tokens) and an 82-token canvas.
 
     The window (256) covers prompt + canvas, so sliding layers see everything; the last layer is full attention.
+    `positions` picks the RoPE layout (`sudoku_rope`).
     """
     heads = 4
     head_dim = hidden_size // heads
@@ -121,7 +155,7 @@ def sudoku_model_config(hidden_size: int = 128, num_layers: int = 4, num_experts
         num_global_key_value_heads=2, num_experts=num_experts, top_k_experts=2, moe_intermediate_size=hidden_size,
         sliding_window=256, max_position_embeddings=512, final_logit_softcapping=30.0,
         layer_types=["sliding_attention"] * (num_layers - 1) + ["full_attention"],
-        pad_token_id=0, eos_token_id=1, bos_token_id=2,
+        pad_token_id=0, eos_token_id=1, bos_token_id=2, rope_parameters=sudoku_rope(positions, head_dim),
     )
     return DiffusionGemmaConfig(text_config=text, vision_config=dict(TINY_VISION), canvas_length=CANVAS_LENGTH)
 
@@ -195,7 +229,8 @@ def build_model(cfg: SudokuTrainConfig, log) -> DiffusionGemmaForBlockDiffusion:
         log(f"starting from the weights in {cfg.init_from} (fresh optimizer)")
         return DiffusionGemmaForBlockDiffusion.from_pretrained(cfg.init_from, dtype=torch.float32)
     torch.manual_seed(cfg.seed)
-    return DiffusionGemmaForBlockDiffusion(sudoku_model_config(cfg.hidden_size, cfg.num_layers, cfg.num_experts))
+    return DiffusionGemmaForBlockDiffusion(sudoku_model_config(cfg.hidden_size, cfg.num_layers, cfg.num_experts,
+                                                                cfg.positions))
 
 
 def _print_now(message: str) -> None:

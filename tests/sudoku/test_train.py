@@ -1,6 +1,8 @@
 """Tests of the Sudoku training recipe (sudoku/train.py, sudoku/checkpoint.py) and `diffusiongemma train sudoku`."""
 
 import json
+import logging
+import math
 import signal
 
 import pytest
@@ -9,7 +11,8 @@ import torch
 from diffusiongemma.cli import main
 from diffusiongemma.modeling import DiffusionGemmaForBlockDiffusion
 from diffusiongemma.sudoku import data
-from diffusiongemma.sudoku.train import SudokuTrainConfig, train_sudoku, warmup_cosine
+from diffusiongemma.modeling.rope import rope_inv_freq
+from diffusiongemma.sudoku.train import SudokuTrainConfig, sudoku_model_config, train_sudoku, warmup_cosine
 
 TINY = ["--batch-size", "4", "--pool-size", "6", "--hidden-size", "32", "--layers", "2", "--givens", "60",
         "--eval-puzzles", "2", "--warmup", "2", "--threads", "1"]
@@ -26,6 +29,52 @@ def last_log_entry(out) -> dict:
 def test_warmup_cosine():
     assert warmup_cosine(0, 10, 100) == 0.1 and warmup_cosine(9, 10, 100) == 1.0
     assert abs(warmup_cosine(100, 10, 100) - 0.1) < 1e-9
+
+
+def test_base3_positions_put_the_grid_periods_on_single_frequencies():
+    rope = sudoku_model_config(hidden_size=64, positions="base3").text_config.rope_parameters
+    sliding = rope_inv_freq(rope["sliding_attention"], 16)  # [8]: 4 rotated (half), 4 content-only
+    full = rope_inv_freq(rope["full_attention"], 16)  # [8]: 2 rotated (a quarter)
+    assert torch.allclose(2 * math.pi / sliding[:4], torch.tensor([3.0, 9.0, 27.0, 81.0]), rtol=1e-5)
+    assert torch.allclose(2 * math.pi / full[:2], torch.tensor([3.0, 9.0]), rtol=1e-5)
+    assert not sliding[4:].any() and not full[2:].any()
+    default = sudoku_model_config(positions="default").text_config.rope_parameters
+    assert default["sliding_attention"] == {"rope_type": "default", "rope_theta": 1e4}
+    with pytest.raises(ValueError, match="positions must be one of"):
+        sudoku_model_config(positions="2d")
+
+
+def test_base3_config_builds_without_the_factor_warning_and_other_warnings_still_show():
+    logger = logging.getLogger("transformers.modeling_rope_utils")
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger.addHandler(handler)
+    try:
+        sudoku_model_config(hidden_size=32, num_layers=2, positions="base3")
+        assert records == []
+        rope = {"rope_type": "proportional", "rope_theta": 100.0, "bogus": 1.0}
+        sudoku_model_config(hidden_size=32, num_layers=2).text_config.__class__(rope_parameters=rope)
+        assert any("bogus" in r.getMessage() for r in records)
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_base3_model_generates_like_the_builtin(tmp_path):
+    from transformers.models.diffusion_gemma.modeling_diffusion_gemma import (
+        DiffusionGemmaForBlockDiffusion as Builtin,
+    )
+
+    torch.manual_seed(0)
+    ours = DiffusionGemmaForBlockDiffusion(sudoku_model_config(hidden_size=32, num_layers=2, positions="base3"))
+    ours.eval().save_pretrained(tmp_path)
+    builtin = Builtin.from_pretrained(tmp_path).eval()
+    ids = torch.randint(4, 15, (2, 83))
+    runs = []
+    for model in (ours, builtin):
+        torch.manual_seed(1)
+        runs.append(model.generate(ids, max_new_tokens=82, max_denoising_steps=4, return_dict_in_generate=True))
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
 
 
 def test_curriculum_moves_from_start_to_target():
@@ -119,7 +168,8 @@ def test_resume_from_another_device_reseeds_the_loss_generator(tmp_path):
     assert summary["step"] == 2 and any("not bit-identical" in line for line in logs)
 
 
-@pytest.mark.parametrize("option, value", [("--hidden-size", "64"), ("--layers", "3"), ("--seed", "5")])
+@pytest.mark.parametrize("option, value", [("--hidden-size", "64"), ("--layers", "3"), ("--seed", "5"),
+                                           ("--positions", "default")])
 def test_resume_refuses_options_that_conflict_with_the_checkpoint(tmp_path, capsys, option, value):
     tiny = ["--steps", "1", "--batch-size", "2", "--pool-size", "2", "--hidden-size", "32", "--layers", "2",
             "--givens", "70", "--eval-every", "1", "--eval-puzzles", "1"]
