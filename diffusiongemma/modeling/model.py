@@ -249,8 +249,12 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
                 overlay, spec H.17).
             mm_encoder_outputs: `{"image": model.get_image_features(...)}` instead of `pixel_values`.
             output_hidden_states: also return the decoder-mode hidden state after every layer.
+            return_dict: False returns `.to_tuple()` of the output (its non-None fields, logits first), as
+                transformers models do; default `config.return_dict`.
+            use_cache: accepted for transformers compatibility; the encoder pass always writes the cache and the
+                decoder pass never does (spec C.12), so it changes nothing.
         Returns:
-            `DiffusionGemmaOutput` with `logits` [B, L, V] fp32.
+            `DiffusionGemmaOutput` with `logits` [B, L, V] fp32 (or `BlockDiffusionLossOutput` with `labels`).
         """
         check_no_audio_or_video(kwargs)
         if kwargs:
@@ -262,13 +266,16 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
                              "(images enter through the encoder pass over the prompt)")
         if labels is not None and any(v is not None for v in vision.values()):
             raise ValueError("the training loss (`labels`) takes text prompts only; drop the image inputs")
+        if return_dict is None:
+            return_dict = self.config.return_dict
         if labels is not None:
             from ..training.loss import block_diffusion_loss
 
-            return block_diffusion_loss(
+            loss = block_diffusion_loss(
                 self, input_ids=input_ids, attention_mask=attention_mask, labels=labels,
                 self_conditioning_mask=self_conditioning_mask,
             )
+            return loss if return_dict else loss.to_tuple()
         text = self.config.text_config
         inputs = check_forward_inputs(
             vocab_size=text.vocab_size,
@@ -301,12 +308,13 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         hidden = self.denoise(
             canvas, cache, soft, keep=inputs.decoder_keep, positions=decoder_position_ids, collect=collect
         )
-        return DiffusionGemmaOutput(
+        out = DiffusionGemmaOutput(
             logits=self.head(hidden),
             past_key_values=cache,
             hidden_states=tuple(collect) if collect is not None else None,
             encoder_last_hidden_state=encoder_hidden,
         )
+        return out if return_dict else out.to_tuple()  # like transformers' `can_return_tuple`: the non-None fields
 
     def generate(self, input_ids: torch.LongTensor | None = None, **kwargs):
         """Block-autoregressive denoising (spec D). See `diffusiongemma.generation.loop.generate` for arguments."""

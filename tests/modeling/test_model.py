@@ -3,7 +3,7 @@
 import torch
 from transformers import PreTrainedModel
 
-from conftest import tiny_builtin, tiny_model
+from conftest import pair, tiny_builtin, tiny_model
 
 
 def test_get_decoder_is_the_one_stack_at_the_builtin_path():
@@ -58,3 +58,17 @@ def test_soft_embedding_in_row_blocks_equals_the_one_shot_formula():
             with torch.no_grad():
                 got = stack.soft_embedding(logits, round_to=round_to)
             assert torch.equal(got, expected), (dtype, round_to)
+
+
+def test_return_dict_false_gives_a_tuple_like_the_builtin(tmp_path):
+    builtin, ours = pair(tmp_path)
+    ids, canvas = torch.randint(3, 128, (2, 7)), torch.randint(0, 128, (2, 16))
+    with torch.no_grad():
+        output = ours(input_ids=ids, decoder_input_ids=canvas)
+        mine = ours(input_ids=ids, decoder_input_ids=canvas, return_dict=False, use_cache=True)
+        theirs = builtin(input_ids=ids, decoder_input_ids=canvas, return_dict=False)
+    assert isinstance(mine, tuple) and isinstance(theirs, tuple) and len(mine) == len(theirs)
+    assert torch.equal(mine[0], output.logits) and torch.equal(mine[0], theirs[0])
+    labels = torch.randint(0, 128, (2, 16))
+    loss_tuple = ours(input_ids=ids, labels=labels, return_dict=False)
+    assert isinstance(loss_tuple, tuple) and loss_tuple[0].dim() == 0  # the loss first, as transformers puts it
