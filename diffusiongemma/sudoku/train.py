@@ -161,10 +161,14 @@ def sudoku_model_config(hidden_size: int = 128, num_layers: int = 4, num_experts
 
 
 def sudoku_generation_config(**overrides) -> DiffusionGemmaGenerationConfig:
-    """Generation settings of the demo model (tuned on held-out puzzles; see docs/training.md)."""
+    """Generation settings of the demo model, tuned on held-out puzzles (seeds 1 and 2, never the headline seed 0):
+    sampling temperature 1.2 falling to 0.8 keeps re-noised cells exploring (36 givens: 78% -> 88% solved versus
+    0.8 -> 0.4), a 32-step cap ends hopeless runs early (mean steps 12.9 -> 9.1), and a mean-entropy threshold of
+    0.02 stops solved canvases sooner at the same solve rate (36 givens 9.1 -> 7.9 steps, 65 givens 8.3 -> 2.2).
+    See docs/training.md."""
     fields_ = dict(
-        max_new_tokens=CANVAS_LENGTH, max_denoising_steps=48, t_min=0.4, t_max=0.8, stability_threshold=1,
-        confidence_threshold=0.005, sampler_config=EntropyBoundSamplerConfig(entropy_bound=0.1),
+        max_new_tokens=CANVAS_LENGTH, max_denoising_steps=32, t_min=0.8, t_max=1.2, stability_threshold=1,
+        confidence_threshold=0.02, sampler_config=EntropyBoundSamplerConfig(entropy_bound=0.1),
         eos_token_id=1, pad_token_id=0, bos_token_id=2, return_dict_in_generate=True,
     )
     fields_.update(overrides)
