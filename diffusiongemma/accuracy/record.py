@@ -10,7 +10,6 @@ import json
 
 import torch
 
-from ..generation.entropy_bound import entropy_bound_accept
 from .format import FORMAT_NAME, FORMAT_VERSION, Trace
 
 
@@ -49,7 +48,7 @@ def run_manifest(model, run) -> dict:
     config = run.config
     generators = run.generators
     settings = {k: v for k, v in config.to_dict().items() if not str(k).startswith("_") and k != "transformers_version"}
-    settings["sampler_config"] = {"entropy_bound": config.sampler_config.entropy_bound}
+    settings["sampler_config"] = config.sampler_config.to_dict()  # its fields and `_cls_name`
     return {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
@@ -62,7 +61,7 @@ def run_manifest(model, run) -> dict:
         "dtype": str(model.get_decoder().embed_tokens.weight.dtype).removeprefix("torch."),
         "device": str(run.input_ids.device),
         "attention_backend": model.attention_backend,
-        "sampling": "fast" if run.fast else type(run.sampler).__name__.removesuffix("Sampler").lower(),
+        "sampling": run.sampling,
         "decoder_window": model.get_decoder().decoder_window,
         "batching": run.batching,
         # reference mode draws from the global RNG: the seed it was last seeded with (torch.manual_seed)
@@ -84,7 +83,6 @@ class TraceRecorder:
     def __init__(self, model, run):
         self.run = run
         self.k = min(run.trace_top_k, model.config.text_config.vocab_size)
-        self.bound = run.config.sampler_config.entropy_bound
         self.hidden = model.config.text_config.hidden_size
         self.manifest = run_manifest(model, run)
         self.records: dict[str, list[torch.Tensor]] = {}
@@ -106,9 +104,9 @@ class TraceRecorder:
             self.sc_ids, self.sc_logprobs = top_k_logprobs(self.run.self_conditioning_logits, self.k)
             self.sc_present = torch.ones_like(self.sc_present)
 
-    def record_step(self, before, after, settings) -> None:
+    def record_step(self, before, after) -> None:
         """One step: `before` is the state the step read, `after` the state it returned (with `draft_logits`, the
-        tempered logits of the rows that ran, and `entropy`)."""
+        tempered logits of the rows that ran, and the sampler's own `entropy`, `accepted` and `temperature`)."""
         B, L = before.canvas.shape
         ids, logprobs = top_k_logprobs(after.draft_logits, self.k)  # [B', L, k]
         if before.rows is not None and len(before.rows) < B:  # fast mode: scatter the rows that ran
@@ -123,12 +121,12 @@ class TraceRecorder:
             canvas_index=torch.tensor([self.canvas], dtype=torch.int32),
             step_index=torch.tensor([self.step], dtype=torch.int32),
             steps_remaining=torch.tensor([before.steps_remaining], dtype=torch.int32),
-            temperature=settings.temperatures[before.steps_remaining].reshape(1).float(),
+            temperature=after.temperature.reshape(1).float(),
             active=active[None], input_canvas=before.canvas.to(torch.int32)[None],
             sc_present=self.sc_present[None], sc_ids=self.sc_ids[None], sc_logprobs=self.sc_logprobs[None],
             topk_ids=ids[None], topk_logprobs=logprobs[None], argmax=after.argmax_canvas.to(torch.int32)[None],
             entropy=after.entropy.float()[None],
-            accepted=entropy_bound_accept(after.entropy, self.bound)[None],  # the samplers' own rule (D.4f)
+            accepted=after.accepted[None],  # as the sampler decided it
             stopped=after.finished_denoising[None],
         )
         # the next step's self-conditioning: rows that had not stopped take this step's distribution (spec D.4.4h)

@@ -166,22 +166,25 @@ def replay_full(model, trace: Trace) -> list[StepScore]:
         if not records:
             continue
         cache = prefix.ready_for(c)
-        stopper.reset(t["sequences"].shape[0])
+        state = stopper.init_state(*t["input_canvas"][records[0]].shape, device)  # the stopper's history
         for r in records:
             soft = self_conditioning_input(stack, t, r)
             ours = step_logprobs(model, t["input_canvas"][r].long(), cache, soft, prefix.keep,
                                  float(t["temperature"][r]))  # [B, L, V]
-            scores.append(score_step(trace, t, r, c, ours, bound, stopper))
+            score, state = score_step(trace, t, r, c, ours, bound, stopper, state)
+            scores.append(score)
     return scores
 
 
-def score_step(trace, t: dict, r: int, c: int, ours: torch.Tensor, bound: float, stopper) -> StepScore:
-    """Compare our log-probs [B, L, V] with record r (the trace's tensors `t`, on our device)."""
+def score_step(trace, t: dict, r: int, c: int, ours: torch.Tensor, bound: float, stopper, state
+               ) -> tuple[StepScore, torch.Tensor | None]:
+    """Compare our log-probs [B, L, V] with record r (the trace's tensors `t`, on our device) -> (score, the
+    stopper's next state)."""
     active = t["active"][r]  # [B]
     argmax = ours.argmax(dim=-1)  # [B, L]
     entropy = token_entropy(ours)  # [B, L]
     # frozen rows keep the recorded argmax in our stopper's history, as generate keeps theirs
-    stop = stopper(torch.where(active[:, None], argmax, t["argmax"][r].long()), entropy)
+    stop, state = stopper(torch.where(active[:, None], argmax, t["argmax"][r].long()), entropy, state)
     a = active
     ids = t["topk_ids"][r].long()
     our_top = ours.gather(-1, ids)  # [B, L, k]
@@ -190,7 +193,7 @@ def score_step(trace, t: dict, r: int, c: int, ours: torch.Tensor, bound: float,
     n = int(a.sum())
     if n == 0:
         nan = float("nan")
-        return StepScore(c, int(t["step_index"][r]), 0, nan, nan, nan, nan, nan, nan, nan)
+        return StepScore(c, int(t["step_index"][r]), 0, nan, nan, nan, nan, nan, nan, nan), state
     return StepScore(
         canvas=c, step=int(t["step_index"][r]), rows=n,
         top1=float((argmax[a] == t["argmax"][r][a].long()).double().mean()),
@@ -199,7 +202,7 @@ def score_step(trace, t: dict, r: int, c: int, ours: torch.Tensor, bound: float,
         accepted=float((accepted[a] == t["accepted"][r][a]).double().mean()),
         stop=float((stop[a] == t["stopped"][r][a]).double().mean()),
         mean_entropy=float(entropy[a].double().mean()),
-    )
+    ), state
 
 
 @torch.no_grad()

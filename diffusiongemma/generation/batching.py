@@ -8,27 +8,25 @@ import torch
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.utils import logging
 
-from .mixed import MixedScheduler, MixedSettings
+from .mixed import run_mixed
 from .outputs import DiffusionGemmaGenerationOutput, generation_output
 from .resolve import GenerationRun
-from .stopping import StableAndConfidentStopper
 
 logger = logging.get_logger(__name__)
 
 
-def generate_mixed(model, run: GenerationRun):
-    """Mixed batching: each row commits as soon as its canvas converged and leaves the batch when it finished."""
+def generate_mixed(model, run: GenerationRun, plan):
+    """Mixed batching: each row commits as soon as its canvas converged and leaves the batch when it finished.
+    plan: the call's `engine.Plan` (`loop.plan_for`)."""
     config, stack = run.config, model.get_decoder()
     sc_logits = run.self_conditioning_logits
     first_soft = (stack.soft_embedding(sc_logits, round_to=stack.embed_tokens.weight.dtype)
                   if sc_logits is not None else None)
-    scheduler = MixedScheduler(
-        model, run.sampler, lambda: StableAndConfidentStopper(config.stability_threshold, config.confidence_threshold),
-        MixedSettings(run.num_canvases, config.max_denoising_steps, config.t_min, config.t_max, run.eos_ids,
-                      config.pad_token_id, run.max_batch_size or run.input_ids.shape[0]),
-        run.processors, run.user_criteria, run.decoder_input_ids, first_soft, run.images,
+    sequences, passes = run_mixed(
+        model, plan, run.input_ids, run.attention_mask, run.generators, run.num_canvases, run.eos_ids,
+        config.pad_token_id, run.max_batch_size or run.input_ids.shape[0], run.user_criteria,
+        run.decoder_input_ids, first_soft, run.images,
     )
-    sequences, passes = scheduler.generate(run.input_ids, run.attention_mask)
     return generation_output(config, sequences, run.input_ids.shape[1], passes)
 
 

@@ -1,5 +1,5 @@
 """The entropy-bound sampler's math (spec D.4c-g) as pure functions, shared by the reference and the fast sampler,
-and the interface both samplers implement.
+and `StepOutput`, what every sampler returns (the protocol itself is in `sampler.py`).
 
 Both samplers walk the [B*L, V] logits in blocks of rows (`row_block`): every per-row op gives the same bits on a block
 as on the whole tensor, so temporaries stay a few MB instead of extra [B, L, V] buffers.
@@ -8,7 +8,7 @@ Legend: B batch, L canvas length, V vocab, N = B*L flattened positions, R rows i
 """
 
 import math
-from typing import Callable, NamedTuple, Protocol, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
@@ -100,27 +100,18 @@ def first_argmax(x: torch.Tensor, block_max: torch.Tensor | None = None) -> torc
 
 
 class StepOutput(NamedTuple):
-    """What one sampler step returns (all rows it was given).
+    """What a sampler's step returns for the B' rows it was given (what the next step and a trace need).
 
-    `soft` is None when the caller passed no `soft_embed`: it then computes self-conditioning itself.
+    `soft` is the self-conditioning input built with the `soft_embed` the sampler was given, or None: the engine then
+    builds it from the tempered logits (a sampler returning None must leave the logits untouched).
     """
 
-    canvas: torch.Tensor  # [B, L] accepted samples + fresh noise
-    argmax: torch.Tensor  # [B, L]
-    entropy: torch.Tensor  # [B, L] (acceptance and stopping)
-    soft: torch.Tensor | None  # [B, L, H]
+    canvas: torch.Tensor  # [B', L] accepted samples + fresh noise: the next decoder input
+    argmax: torch.Tensor  # [B', L] long, committed when the canvas ends
+    accepted: torch.Tensor  # [B', L] bool, positions that kept their sample
+    entropy: torch.Tensor  # [B', L] fp32 (stopping, traces)
+    soft: torch.Tensor | None = None  # [B', L, H]
 
 
 SoftEmbed = Callable[[torch.Tensor], torch.Tensor]  # probs [..., V] fp32 -> soft embedding [..., H]
 RowIds = Sequence[int] | torch.Tensor  # host-side batch row indices (a list, or a CPU tensor)
-
-
-class Sampler(Protocol):
-    def init_canvas(self, batch: int, length: int, device: torch.device, rows: RowIds | None = None
-                    ) -> torch.Tensor:
-        """A fresh noise canvas [B, L] (rows: which generators, fast mode)."""
-
-    def step(self, logits: torch.Tensor, rows: RowIds | None, soft_embed: SoftEmbed | None) -> StepOutput:
-        """logits [B, L, V] tempered (may be overwritten) -> `StepOutput`. `rows` (host-side, one per logits row)
-        names the batch rows the logits belong to (fast mode draws from their generators); reference mode always
-        gets every row."""

@@ -9,12 +9,11 @@ Legend: B batch, L canvas length, V vocab, N = B*L flattened positions, R rows i
 G rows staged per soft-embedding matmul, H hidden.
 """
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from .entropy_bound import (
-    RowIds,
     SoftEmbed,
     StepOutput,
     block_maxima,
@@ -129,42 +128,33 @@ def row_generators(batch: int, device: torch.device, seed=None, generator=None) 
     return [torch.Generator(device=device).manual_seed(s) for s in seeds]
 
 
-def host_rows(rows: RowIds | None, batch: int) -> list[int]:
-    """Row ids as a Python list (a CPU tensor is read without touching any device)."""
-    if rows is None:
-        return list(range(batch))
-    return rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
-
-
 class FastSampler:
     """Entropy-bound sampler drawing from per-row generators with one uniform per position (same distribution as
     the reference, different random numbers).
 
     Args:
-        entropy_bound: acceptance budget (spec D.4f).
-        vocab_size: V.
-        generators: one `torch.Generator` per batch row (`row_generators`).
+        config: an `EntropyBoundSamplerConfig` (its `entropy_bound` is the acceptance budget, spec D.4f).
+        context: a `SamplerContext` (vocab_size V).
     """
 
-    def __init__(self, entropy_bound: float, vocab_size: int, generators: list[torch.Generator]):
-        self.entropy_bound = entropy_bound
-        self.vocab_size = vocab_size
-        self.generators = generators
+    per_row = True  # row b draws only from generators[b], in a fixed order: canvas init, then per step L uniforms
+    # and L noise tokens
 
-    def _per_row(self, draw: Callable[[torch.Generator], torch.Tensor], rows: RowIds | None) -> torch.Tensor:
-        return torch.stack([draw(self.generators[r]) for r in host_rows(rows, len(self.generators))])
+    def __init__(self, config, context):
+        self.entropy_bound = config.entropy_bound
+        self.vocab_size = context.vocab_size
 
-    def init_canvas(self, batch: int, length: int, device: torch.device, rows: RowIds | None = None) -> torch.Tensor:
+    def init_canvas(self, batch: int, length: int, device: torch.device, generators) -> torch.Tensor:
         V = self.vocab_size
-        return self._per_row(lambda g: torch.randint(0, V, (length,), generator=g, device=device), rows)
+        return torch.stack([torch.randint(0, V, (length,), generator=g, device=device) for g in generators])
 
-    def step(self, logits: torch.Tensor, rows: RowIds | None = None, soft_embed: SoftEmbed | None = None
-             ) -> StepOutput:
+    def step(self, logits: torch.Tensor, canvas: torch.Tensor | None, temperature: torch.Tensor | None, step,
+             generators, soft_embed: SoftEmbed | None = None) -> StepOutput:
         B, L, V = logits.shape
         device = logits.device
         # per row: L uniforms for the samples, then L noise tokens (fixed order within the row's own generator)
-        uniforms = self._per_row(lambda g: torch.rand(L, generator=g, device=device, dtype=torch.float64), rows)
-        noise = self._per_row(lambda g: torch.randint(0, V, (L,), generator=g, device=device), rows)
+        uniforms = torch.stack([torch.rand(L, generator=g, device=device, dtype=torch.float64) for g in generators])
+        noise = torch.stack([torch.randint(0, V, (L,), generator=g, device=device) for g in generators])
         flat, u = logits.view(B * L, V), uniforms.view(-1)
         sample = torch.empty(B * L, dtype=torch.long, device=device)
         argmax, entropy = torch.empty_like(sample), torch.empty(B * L, device=device)
@@ -188,5 +178,5 @@ class FastSampler:
                 soft[start:end] = piece
         sample, argmax, entropy = sample.view(B, L), argmax.view(B, L), entropy.view(B, L)
         accepted = entropy_bound_accept(entropy, self.entropy_bound)
-        return StepOutput(renoise(sample, accepted, noise), argmax, entropy, soft.view(B, L, -1) if soft is not None
-                          else None)
+        return StepOutput(renoise(sample, accepted, noise), argmax, accepted, entropy,
+                          soft.view(B, L, -1) if soft is not None else None)

@@ -31,7 +31,8 @@ class GumbelSampler(ReferenceSampler):
     """`ReferenceSampler` whose draw 1 is Gumbel-max (R*V uniforms per row block) instead of `torch.multinomial`;
     canvas init, acceptance, re-noising (draw 2) and self-conditioning are unchanged."""
 
-    def step(self, logits: torch.Tensor, rows=None, soft_embed: SoftEmbed | None = None) -> StepOutput:
+    def step(self, logits: torch.Tensor, canvas=None, temperature=None, step=None, generators=None,
+             soft_embed: SoftEmbed | None = None) -> StepOutput:
         B, L, V = logits.shape
         flat = logits.view(B * L, V)
         block = row_block(V)
@@ -41,4 +42,4 @@ class GumbelSampler(ReferenceSampler):
         accepted = entropy_bound_accept(entropy, self.entropy_bound)
         noise = torch.randint(0, V, (B, L), device=logits.device)  # RNG draw 2, every position (D.4g)
         soft = soft_embed(torch.softmax(flat, dim=-1).view(B, L, V)) if soft_embed is not None else None
-        return StepOutput(renoise(sample, accepted, noise), argmax, entropy, soft)
+        return StepOutput(renoise(sample, accepted, noise), argmax, accepted, entropy, soft)

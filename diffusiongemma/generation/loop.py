@@ -1,6 +1,7 @@
 """Block-autoregressive denoising `generate` (spec D.4): an outer loop over canvases, an inner loop over denoising
-steps. Arguments are resolved once in `resolve.py`, one step is `step.denoise_step`, the samplers live in
-`sampler.py`, mixed batching in `mixed.py` and `batching.py`.
+steps. Arguments are resolved once in `resolve.py`; a lock-step step is `step.denoise_step` around the one engine
+step (`engine.denoise_rows`); the samplers are plug-ins (`sampler.py`); mixed batching runs the row pool
+(`pool.py`, via `batching.py`).
 
 Host reads: a step reads nothing on the host; the loop reads the [B] stop flags once per step (to stop, and to name
 the rows that still denoise in fast mode) and the [B] finished flags once per canvas.
@@ -19,10 +20,11 @@ from .batching import generate_in_chunks, generate_mixed
 from .finite import NonFiniteLogitsError, raise_for_faults
 from .outputs import DiffusionGemmaGenerationOutput, generation_output, tokens_per_forward
 from .resolve import GenerationRun, check_ar_sampling_kwargs, generated_length, resolve_batching, resolve_run
+from .engine import Plan, soft_embedder
 from .sampler import temperature_schedule
 from .state import CanvasState
-from .step import StepSettings, denoise_step, row_index, soft_embedder
-from .stopping import StableAndConfidentStopper, finalize_canvas
+from .step import StepSettings, denoise_step, row_index
+from .stopping import finalize_canvas, stopper_for
 
 __all__ = [
     "DiffusionGemmaGenerationOutput", "check_ar_sampling_kwargs", "denoise_step", "generate", "generated_length",
@@ -30,20 +32,22 @@ __all__ = [
 ]
 
 
-def step_settings(model, run: GenerationRun, cache, streamer) -> StepSettings:
-    """What every step reads, resolved once."""
+def plan_for(model, run: GenerationRun) -> Plan:
+    """How this call's rows denoise: built once, shared by lock-step and the row pool."""
     config = run.config
-    device = run.input_ids.device
+    return Plan(
+        sampler=run.sampler, stopper=stopper_for(config), max_steps=config.max_denoising_steps,
+        temperatures=temperature_schedule(config.max_denoising_steps, config.t_min, config.t_max,
+                                          run.input_ids.device),
+        processors=run.processors, soft_embed=soft_embedder(model.get_decoder(), exact_reference=not run.fast),
+    )
+
+
+def step_settings(model, run: GenerationRun, cache, streamer) -> StepSettings:
+    """What every lock-step step reads, resolved once."""
     return StepSettings(
-        max_steps=config.max_denoising_steps,
-        temperatures=temperature_schedule(config.max_denoising_steps, config.t_min, config.t_max, device),
-        sampler=run.sampler,
-        stopper=StableAndConfidentStopper(config.stability_threshold, config.confidence_threshold),
-        processors=run.processors,
-        cache=cache,
-        keep=run.keep,
-        skip_finished=run.fast,
-        soft_embed=soft_embedder(model.get_decoder(), exact_reference=not run.fast),
+        plan=plan_for(model, run), cache=cache, keep=run.keep, skip_finished=run.fast, generators=run.generators,
+        position_offsets=list(run.position_offsets),
         keep_logits=takes_logits(streamer) or run.trace_top_k is not None,
     )
 
@@ -55,28 +59,29 @@ def takes_logits(streamer) -> bool:
 
 def new_canvas(model, run: GenerationRun, settings: StepSettings, sequences: torch.Tensor, finished: torch.Tensor,
                passes: torch.Tensor, live: list[int], c: int) -> CanvasState:
-    """Spec D.4.3: a fresh noise canvas for canvas c, the stopper reset. live: host-side rows not finished."""
+    """Spec D.4.3: a fresh noise canvas for canvas c, the stopper's state fresh. live: host-side rows not finished."""
     B, L = finished.shape[0], model.canvas_length
     device = finished.device
+    sampler = settings.plan.sampler
     if run.fast:  # rows that finished their sequence draw nothing and stay frozen for the whole canvas
-        canvas = settings.sampler.init_canvas(B, L, device, rows=live)  # [B', L], RNG: the live rows' generators
+        canvas = sampler.init_canvas(len(live), L, device, [run.generators[b] for b in live])  # [B', L], RNG
         if len(live) < B:
             index = row_index(~finished, len(live))  # [B'] on the device
             canvas = torch.zeros(B, L, dtype=torch.long, device=device).index_copy(0, index, canvas)
     else:
-        canvas = settings.sampler.init_canvas(B, L, device)  # RNG: canvas init, drawn even for a seeded canvas (H.9)
+        canvas = sampler.init_canvas(B, L, device, None)  # RNG: canvas init, drawn even for a seeded canvas (H.9)
     soft = None
     if c == 0 and run.decoder_input_ids is not None:
         canvas = run.decoder_input_ids
     if c == 0 and run.self_conditioning_logits is not None:
         stack = model.get_decoder()
         soft = stack.soft_embedding(run.self_conditioning_logits, round_to=stack.embed_tokens.weight.dtype)  # [B, L, H]
-    settings.stopper.reset(B)
     return CanvasState(
         canvas=canvas, argmax_canvas=canvas, soft=soft,
         finished_denoising=finished.clone() if run.fast else torch.zeros_like(finished), forward_passes=passes,
         steps_remaining=settings.max_steps, sequences=sequences, finished_sequences=finished,
-        rows=live if run.fast else None,
+        rows=live if run.fast else None, stop_state=settings.plan.stopper.init_state(B, L, device),
+        prompt_width=run.input_ids.shape[1],
     )
 
 
@@ -132,7 +137,7 @@ def generate_lockstep(model, run: GenerationRun, streamer):
         # (the prompt's image soft tokens enter here, once: the cache holds them from now on, spec D.4.1-2)
         model.encode(sequences if c == 0 else sequences[:, -L:], cache, keep=run.keep,
                      images=run.images if c == 0 else None)
-        # 3. a fresh noise canvas, the stopper reset
+        # 3. a fresh noise canvas, the stopper's state fresh
         state = new_canvas(model, run, settings, sequences, finished, passes, live, c)
         if recorder is not None:
             recorder.begin_canvas(state, c)
@@ -143,7 +148,7 @@ def generate_lockstep(model, run: GenerationRun, streamer):
             except NonFiniteLogitsError as error:  # raised by the reference sampler's refusal: add the canvas
                 raise error.at_canvas(c) from None
             if recorder is not None:
-                recorder.record_step(before, state, settings)
+                recorder.record_step(before, state)
             stream_draft(streamer, state, embed_dtype)  # j
             state, denoising = still_denoising(replace(state, draft_logits=None), run.fast, step, c)  # k
             if not denoising:
@@ -175,7 +180,7 @@ def generate(
     logits_processor: LogitsProcessorList | None = None,
     stopping_criteria: StoppingCriteriaList | None = None,
     past_key_values=None,
-    sampling: str = "reference",
+    sampling: str | None = None,
     seed: int | list[int] | None = None,
     generator: torch.Generator | list[torch.Generator] | None = None,
     batching: str | None = None,
@@ -197,7 +202,9 @@ def generate(
         logits_processor / stopping_criteria: extra processors (applied before the temperature schedule, on 3-D
             scores) and extra criteria (called after every canvas with `new_token_length=L`).
         past_key_values: a `BlockDiffusionCache` holding an earlier prefix; `input_ids` continue it. Lock-step only.
-        sampling: "reference" draws random numbers exactly like transformers' built-in `generate` (global RNG);
+        sampling: which registered sampler of the `sampler_config` runs (None: its default; for
+            `EntropyBoundSamplerConfig` "reference"). "reference" draws random numbers exactly like transformers'
+            built-in `generate` (global RNG);
             "fast" draws from the same distributions with far less work and one generator per row, and skips the LM
             head and sampler for rows that stopped denoising, so a row's output does not depend on the rest of the
             batch (with lock-step batching only for rows of equal prompt length: left padding shifts positions, spec
@@ -239,5 +246,5 @@ def generate(
     if run.batching == "chunks":
         return generate_in_chunks(generate, model, run)
     if run.batching == "mixed":
-        return generate_mixed(model, run)
+        return generate_mixed(model, run, plan_for(model, run))
     return generate_lockstep(model, run, streamer)

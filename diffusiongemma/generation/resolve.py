@@ -18,7 +18,7 @@ from ..modeling.validation import check_left_padding, check_token_ids, padding_v
 from ..modeling.vision import (VISION_INPUTS, PromptImages, check_no_audio_or_video, prompt_images,
                                warn_if_images_missing)
 from .config import DiffusionGemmaGenerationConfig, resolve_generation_config
-from .sampler import SAMPLERS, Sampler, make_sampler, row_generators
+from .sampler import Sampler, SamplerContext, row_generators, sampler_class_for, sampler_names
 
 MODEL_KWARGS = ("decoder_input_ids", "self_conditioning_logits", *VISION_INPUTS)
 # Autoregressive sampling knobs that generic callers (the text-generation pipeline adds do_sample=True and
@@ -53,10 +53,11 @@ def generated_length(config, cur_len: int, explicit: set) -> tuple[int, int]:
     return config.max_new_tokens + cur_len, config.max_new_tokens
 
 
-def resolve_batching(batching, max_batch_size, fast: bool, batch: int, streamer, past_key_values) -> str:
+def resolve_batching(batching, max_batch_size, per_row: bool, batch: int, streamer, past_key_values) -> str:
     """"mixed", "lockstep" or "chunks" (lock-step over consecutive chunks of `max_batch_size` rows).
 
-    None picks "mixed" for fast mode with several rows and neither a streamer nor a cache to continue. A streamer and
+    `per_row`: the sampler draws from one generator per row (`Sampler.per_row`), as mixed batching needs.
+    None picks "mixed" for a per-row sampler with several rows and neither a streamer nor a cache to continue. A streamer and
     `past_key_values` follow one lock-step batch, so they refuse mixed batching and chunks.
     """
     if batching is not None and batching not in BATCHING:
@@ -64,10 +65,11 @@ def resolve_batching(batching, max_batch_size, fast: bool, batch: int, streamer,
     if max_batch_size is not None and (isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int)
                                        or max_batch_size < 1):
         raise ValueError(f"`max_batch_size` must be a positive int, got {max_batch_size!r}")
-    if not fast:
+    if not per_row:
         if batching == "mixed" or max_batch_size is not None:
-            raise ValueError("`batching='mixed'` and `max_batch_size` need sampling='fast' (reference mode "
-                             "reproduces the built-in lock-step batch)")
+            raise ValueError("`batching='mixed'` and `max_batch_size` need sampling='fast' or another sampler that "
+                             "draws per row (this one draws from the global RNG in the built-in's order, over one "
+                             "lock-step batch)")
         return "lockstep"
     if batching == "mixed" and streamer is not None:
         raise ValueError("a `streamer` follows one lock-step batch: pass batching='lockstep' (or no streamer)")
@@ -148,7 +150,7 @@ class GenerationRun:
     keep: torch.Tensor | None  # [B, all slots] bool, None without padding
     cur_len: int  # S + P
     num_canvases: int
-    fast: bool
+    sampling: str  # the registered sampling name (`sampler.sampling_names`)
     batching: str  # "mixed", "lockstep" or "chunks"
     max_batch_size: int | None
     generators: list | None  # fast mode: one per row
@@ -162,6 +164,12 @@ class GenerationRun:
     trace_top_k: int | None = None  # record a trace with this top-k width (None: no trace)
     trace_sc_embedding: bool = False  # the trace also keeps the exact self-conditioning input [B, L, H] per step
     images: PromptImages | None = None  # the prompt's image soft tokens, encoded once (modeling/vision.py)
+    position_offsets: tuple[int, ...] = ()  # [B] each row's prompt length without its padding
+
+    @property
+    def fast(self) -> bool:
+        """The sampler draws per row (`Sampler.per_row`): rows skip work once stopped, mixed batching applies."""
+        return self.sampler.per_row
 
 
 def resolve_run(model, input_ids, attention_mask, generation_config, streamer, logits_processor, stopping_criteria,
@@ -213,12 +221,16 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
         what = " with non-finite entries" if sc_logits.dtype.is_floating_point else ""
         raise ValueError(f"`self_conditioning_logits` must be finite floats (no NaN or Inf), got dtype "
                          f"{sc_logits.dtype}{what}")
-    if sampling not in SAMPLERS:
-        raise ValueError(f"`sampling` must be one of {sorted(SAMPLERS)}, got {sampling!r}")
-    fast = sampling == "fast"
+    if sampling is not None and not isinstance(sampling, str):
+        raise TypeError(f"`sampling` must be a string or None, got {sampling!r}")
+    sampler_class = sampler_class_for(config.sampler_config, sampling)
+    fast = sampler_class.per_row
+    if sampling is None:
+        sampling = next(name for name, cls in sampler_names(config.sampler_config) if cls is sampler_class)
     if not fast and (seed is not None or generator is not None):
-        raise ValueError("`seed` and `generator` apply to sampling='fast'; reference mode draws from the global RNG "
-                         "like the built-in class (use torch.manual_seed)")
+        raise ValueError(f"`seed` and `generator` apply to samplers that draw per row (such as sampling='fast'); "
+                         f"sampling={sampling!r} draws from the global RNG like the built-in class (use "
+                         f"torch.manual_seed)")
     if fast and B > 1 and getattr(streamer, "_takes_logits", False):
         raise ValueError("a streamer with `_takes_logits=True` needs sampling='reference' or a batch of 1: fast mode "
                          "skips the LM head for rows that stopped denoising, so their logits do not exist")
@@ -238,11 +250,19 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
         warn_if_images_missing(model.config, input_ids)
     return GenerationRun(
         config=config, input_ids=input_ids, attention_mask=attention_mask, keep=keep, cur_len=cur_len,
-        num_canvases=num_canvases, fast=fast, batching=batching, max_batch_size=max_batch_size,
-        generators=generators, sampler=make_sampler(sampling, config.sampler_config.entropy_bound, V, generators),
+        num_canvases=num_canvases, sampling=sampling, batching=batching, max_batch_size=max_batch_size,
+        generators=generators,
+        sampler=sampler_class(config.sampler_config, SamplerContext(V, config.max_denoising_steps)),
         processors=LogitsProcessorList(logits_processor) if logits_processor else None,
         user_criteria=StoppingCriteriaList(stopping_criteria) if stopping_criteria else None,
         eos_ids=eos_ids, decoder_input_ids=decoder_input_ids, self_conditioning_logits=sc_logits,
         past_key_values=past_key_values, trace_top_k=trace_width, trace_sc_embedding=bool(trace_sc_embedding),
-        images=images,
+        images=images, position_offsets=tuple(prompt_lengths(attention_mask, B, cur_len)),
     )
+
+
+def prompt_lengths(attention_mask: torch.Tensor | None, batch: int, width: int) -> list[int]:
+    """[B] host ints: each row's prompt tokens without left padding (one host read, once per call)."""
+    if attention_mask is None:
+        return [width] * batch
+    return [int(n) for n in attention_mask.sum(dim=1).tolist()]

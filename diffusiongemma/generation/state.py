@@ -10,7 +10,7 @@ import torch
 
 @dataclass
 class CanvasState:
-    """Everything one denoising step reads and writes; `denoise_step` returns a new one.
+    """Everything one lock-step denoising step reads and writes; `step.denoise_step` returns a new one.
 
     Attributes:
         canvas: [B, L] tokens fed to the next decoder pass (accepted samples + fresh noise).
@@ -28,6 +28,10 @@ class CanvasState:
             from): the loop raises instead of committing noise.
         entropy: [B, L] fp32 entropy of the latest tempered logits, as the sampler computed it (inf for rows fast
             mode did not run); read by trace recording (`diffusiongemma.accuracy`).
+        accepted: [B, L] bool, the positions the sampler kept in the latest step (False for rows it did not run).
+        stop_state: the stopper's per-row state (batch first), or None.
+        temperature: 0-d fp32, the latest step's temperature.
+        prompt_width: P, the (padded) prompt's width in `sequences`.
     """
 
     canvas: torch.Tensor
@@ -42,3 +46,7 @@ class CanvasState:
     draft_logits: torch.Tensor | None = None
     faults: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
+    accepted: torch.Tensor | None = None
+    stop_state: torch.Tensor | None = None
+    temperature: torch.Tensor | None = None
+    prompt_width: int = 0

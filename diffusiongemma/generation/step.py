@@ -1,23 +1,24 @@
-"""One denoising step (spec D.4.4a-i): decoder, LM head, processors and temperature, sampler, acceptance and
-re-noising, self-conditioning, stopping. `denoise_step(model, state, settings) -> CanvasState`.
+"""Lock-step's use of the one denoising step: every row of the batch reads one shared `BlockDiffusionCache`.
+`denoise_step(model, state, settings) -> CanvasState` runs the decoder over the whole batch, hands the rows that
+sample to `engine.denoise_rows`, and scatters the result back.
 
-The step reads no device value on the host (no `.item()`, `.tolist()`, `bool(tensor)`, `nonzero`): in fast mode the
-rows that still denoise arrive as a host-side list in the state (the outer loop reads the [B] stop flags once per
-step), and their device indices are found on the device. So on a GPU a step queues its kernels without waiting.
+Which rows sample is lock-step policy: reference mode runs every row (the built-in draws random numbers for all of
+them) and keeps what stopped rows had; a per-row sampler runs only `state.rows`, the rows still denoising, named on
+the host by the outer loop (it reads the [B] stop flags once per step), their device indices found on the device.
+So the step reads no device value on the host.
 
-Legend: B batch, B' rows that run (B in reference mode), L canvas length, V vocab, H hidden.
+Legend: B batch, B' rows that sample (B in reference mode), L canvas length, V vocab, H hidden.
 """
 
 from dataclasses import dataclass, replace
 
 import torch
-from transformers import LogitsProcessorList
 
 from ..modeling.cache import BlockDiffusionCache
-from .entropy_bound import Sampler, SoftEmbed
-from .finite import fault_codes, model_logits_bad, processed_scores_bad, raise_for_faults
+from .engine import Plan, StepRows, denoise_rows, soft_embedder
 from .state import CanvasState
-from .stopping import StableAndConfidentStopper
+
+__all__ = ["StepSettings", "denoise_step", "row_index", "soft_embedder"]
 
 
 @dataclass(frozen=True)
@@ -25,41 +26,27 @@ class StepSettings:
     """Resolved once per `generate` call; read by every step.
 
     Attributes:
-        max_steps: N, the denoising steps per canvas.
-        temperatures: [N + 1] fp32 on the device, entry n the temperature with n steps remaining (spec D.4c).
-        sampler / stopper: picked once (the stopper keeps its per-canvas history).
-        processors: user logits processors (3-D scores), or None.
+        plan: the sampler, stopper, temperature schedule and processors (`engine.Plan`).
         cache: the shared cache the decoder reads.
         keep: [B, all slots] bool padding mask, or None.
-        skip_finished: fast mode: the head, processors and sampler run only for `state.rows`.
-        soft_embed: turns the sampler's probabilities into the self-conditioning input, or None: reference mode with
-            non-fp32 embeddings, where it must come from the logits (`soft_embedder`).
-        keep_logits: keep the tempered logits in `state.draft_logits` (a streamer that takes logits, or trace
-            recording).
+        skip_finished: per-row sampler: the head, processors and sampler run only for `state.rows`.
+        generators: one per batch row (per-row samplers), else None.
+        position_offsets: [B] host ints, each row's prompt length without padding (processors' `position_offsets`
+            add the canvases committed so far).
+        keep_logits: keep the tempered logits in `state.draft_logits` (a streamer that takes logits, or a trace).
     """
 
-    max_steps: int
-    temperatures: torch.Tensor
-    sampler: Sampler
-    stopper: StableAndConfidentStopper
-    processors: LogitsProcessorList | None
+    plan: Plan
     cache: BlockDiffusionCache
     keep: torch.Tensor | None
     skip_finished: bool
-    soft_embed: SoftEmbed | None
+    generators: list | None
+    position_offsets: list[int]
     keep_logits: bool = False
 
-
-def soft_embedder(stack, exact_reference: bool) -> SoftEmbed | None:
-    """The self-conditioning input built from a step's softmax probabilities, or None when it must come from the
-    logits instead.
-
-    Reference mode reuses the sampler's fp32 probabilities only with fp32 embeddings, where the built-in's
-    softmax(logits.to(embedding dtype)) is the very same tensor; fast mode always does (like vLLM, spec E).
-    """
-    if exact_reference and stack.embed_tokens.weight.dtype != torch.float32:
-        return None
-    return stack.embed_tokens.soft
+    @property
+    def max_steps(self) -> int:
+        return self.plan.max_steps
 
 
 def row_index(mask: torch.Tensor, count: int) -> torch.Tensor:
@@ -69,66 +56,49 @@ def row_index(mask: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def denoise_step(model, state: CanvasState, settings: StepSettings) -> CanvasState:
-    """One denoising step (spec D.4.4a-i) -> the next `CanvasState` (steps_remaining one lower).
-
-    With `settings.skip_finished` (fast mode) the LM head, the sampler and self-conditioning run only for
-    `state.rows`; reference mode runs every row, because the built-in draws random numbers for all of them.
-    """
-    stack = model.get_decoder()
-    B = state.canvas.shape[0]
-    rows = state.rows
+    """One lock-step denoising step (spec D.4.4a-i) -> the next `CanvasState` (steps_remaining one lower)."""
+    B, L = state.canvas.shape
+    rows = state.rows if state.rows is not None else list(range(B))
     # a. count a pass for every row still working
     working = ~(state.finished_denoising | state.finished_sequences)  # [B]
     passes = state.forward_passes + working.int()
-    index = row_index(working, len(rows)) if rows is not None and len(rows) < B else None  # [B'] or every row
-    # b. decoder (every row: they share the cache) + LM head (only the rows that sample)
+    index = row_index(working, len(rows)) if len(rows) < B else None  # [B'] or every row
+    pick = (lambda t: t) if index is None else (lambda t: t[index])
+    # b. decoder over every row (they share the cache); the rows that sample go on
     hidden = model.denoise(state.canvas, settings.cache, state.soft, keep=settings.keep)  # [B, L, H]
-    logits = model.head(hidden if index is None else hidden[index])  # [B', L, V] fp32
-    model_bad = model_logits_bad(logits)  # [B'] on the device: the loop reads it with the stop flags (finite.py)
-    # c. user processors first (they get 3-D scores and the committed tokens), then the temperature, in place
-    processors_bad, empty = None, None
-    if settings.processors:
-        seen = state.sequences if index is None else state.sequences[index]
-        shape = logits.shape
-        logits = settings.processors(seen, logits, cur_step=torch.tensor(state.steps_remaining, dtype=torch.int32))
-        processors_bad, empty = processed_scores_bad(logits, shape)  # [B'] each; shape checked on the host
-    logits = logits.div_(settings.temperatures[state.steps_remaining])
-    # d-g. one pass over the logits: argmax, entropy, sample (RNG), accept, re-noise (RNG), self-conditioning input
-    soft = None
-    if settings.soft_embed is None:  # from the logits, before the sampler may overwrite them (no RNG involved)
-        soft = stack.soft_embedding(logits, round_to=stack.embed_tokens.weight.dtype)  # [B, L, H]
-    kept = logits.clone() if settings.keep_logits else None
-    try:
-        out = settings.sampler.step(logits, rows, settings.soft_embed)
-    except RuntimeError:  # the reference multinomial refuses NaN: name the cause (an error path may read the host)
-        empty = empty if empty is not None else torch.zeros_like(model_bad)
-        raise_for_faults(fault_codes(model_bad, processors_bad, empty).tolist(),
-                         settings.max_steps - state.steps_remaining + 1, None, rows)
-        raise
-    del logits
-    soft = out.soft if soft is None else soft
-    canvas, argmax, entropy = out.canvas, out.argmax, out.entropy
-    empty = entropy.isnan().any(dim=-1) if empty is None else empty | entropy.isnan().any(dim=-1)  # [B']
-    faults = fault_codes(model_bad, processors_bad, empty)  # [B'] int8
-    if index is not None:  # scatter the working rows back; the others keep what they had
+    canvases_done = (state.sequences.shape[1] - state.prompt_width) // L
+    sampled = StepRows(
+        hidden=pick(hidden), canvas=pick(state.canvas), sequences=pick(state.sequences), row_ids=rows,
+        position_offsets=[settings.position_offsets[b] + canvases_done * L for b in rows],
+        steps_remaining=[state.steps_remaining] * len(rows),
+        generators=[settings.generators[b] for b in rows] if settings.generators is not None else None,
+        stop_state=pick(state.stop_state) if state.stop_state is not None else None,
+    )
+    out = denoise_rows(model, settings.plan, sampled, keep_logits=settings.keep_logits)  # b-i
+    canvas, argmax, accepted, entropy, soft = out.canvas, out.argmax, out.accepted, out.entropy, out.soft
+    stop, stop_state, faults = out.stop, out.stop_state, out.faults
+    if index is not None:  # scatter the rows that sampled back; the others keep what they had
         canvas = state.canvas.index_copy(0, index, canvas)
         argmax = state.argmax_canvas.index_copy(0, index, argmax)
         entropy = torch.full(argmax.shape, float("inf"), device=argmax.device).index_copy(0, index, entropy)
+        accepted = torch.zeros_like(argmax, dtype=torch.bool).index_copy(0, index, accepted)
         faults = faults.new_zeros(B).index_copy(0, index, faults)
+        stop = torch.zeros(B, dtype=torch.bool, device=stop.device).index_copy(0, index, stop)
+        if stop_state is not None:
+            stop_state = state.stop_state.index_copy(0, index, stop_state)
         if state.soft is not None:
             soft = state.soft.index_copy(0, index, soft.to(state.soft.dtype))
         else:
             soft = soft.new_zeros(B, *soft.shape[1:]).index_copy(0, index, soft)
-    # h. reference mode: rows that already stopped keep their canvas, argmax and self-conditioning (fast mode never
-    # ran them); a where over every row, so no host reads whether any row stopped
+    # h. reference mode: rows that already stopped keep their canvas, argmax, self-conditioning and stopper history
+    # (a per-row sampler never ran them); a where over every row, so no host read of whether any row stopped
     done = state.finished_denoising
     if not settings.skip_finished and state.soft is not None:
         argmax = torch.where(done[:, None], state.argmax_canvas, argmax)
         canvas = torch.where(done[:, None], state.canvas, canvas)
         soft = torch.where(done[:, None, None], state.soft, soft)
-    # i. the stopper's decision stays on the device; so do the fault codes (finite.py: NaN/Inf logits, or an all
-    # -inf row, which makes the reference's multinomial raise, while the fast sampler's arithmetic would yield NaN)
-    done = done | settings.stopper(argmax, entropy)
-    return replace(state, canvas=canvas, argmax_canvas=argmax, soft=soft, finished_denoising=done,
-                   forward_passes=passes, steps_remaining=state.steps_remaining - 1, draft_logits=kept,
-                   faults=faults, entropy=entropy)
+    # i. the stopper's decision stays on the device; so do the fault codes (finite.py)
+    return replace(state, canvas=canvas, argmax_canvas=argmax, soft=soft, finished_denoising=done | stop,
+                   forward_passes=passes, steps_remaining=state.steps_remaining - 1, draft_logits=out.logits,
+                   faults=faults, entropy=entropy, accepted=accepted, stop_state=stop_state,
+                   temperature=out.temperature[0])

@@ -3,37 +3,57 @@
 Legend: B batch, L canvas length.
 """
 
+from typing import Protocol
+
 import torch
 from transformers import StoppingCriteriaList
+
+
+class Stopper(Protocol):
+    """When a row's canvas is done denoising (spec D.5). The history a stopper needs lives in the caller's per-row
+    state, not on the stopper: `init_state` makes it, every call returns the next one. A state is None or a tensor
+    with the batch first, so a row pool can slice it per row (`state[i:i+1]`) and join rows (`torch.cat`)."""
+
+    def init_state(self, batch: int, length: int, device: torch.device) -> torch.Tensor | None:
+        """The state of `batch` rows at the start of a canvas."""
+
+    def __call__(self, argmax_canvas: torch.Tensor, entropy: torch.Tensor, state: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """argmax_canvas [B, L], entropy [B, L] of the tempered logits, state -> ([B] bool: stop now, next state)."""
 
 
 class StableAndConfidentStopper:
     """Stop a row when its argmax canvas equals each of the previous S argmax canvases and its mean entropy is
     below the confidence threshold. With S >= 1 a canvas needs at least S + 1 steps (pitfall H.10).
+
+    State: [B, S, L] long, the last S argmax canvases (-1: nothing seen yet); None when S = 0.
     """
 
     def __init__(self, stability_threshold: int, confidence_threshold: float):
         self.stability_threshold = stability_threshold
         self.confidence_threshold = confidence_threshold
-        self.history = None  # [S, B, L], -1 = nothing seen yet
 
-    def reset(self, batch: int) -> None:
-        """Forget the history (called at the start of every canvas)."""
-        self.history = None
-
-    def __call__(self, argmax_canvas: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
-        """argmax_canvas [B, L], entropy [B, L] of the tempered logits -> [B] bool: this row may stop now (computed on
-        the device; nothing is read on the host)."""
-        B, L = argmax_canvas.shape
+    def init_state(self, batch: int, length: int, device: torch.device) -> torch.Tensor | None:
         if self.stability_threshold == 0:
+            return None
+        return torch.full((batch, self.stability_threshold, length), -1, dtype=torch.long, device=device)
+
+    def __call__(self, argmax_canvas: torch.Tensor, entropy: torch.Tensor, state: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Computed on the device; nothing is read on the host."""
+        B = argmax_canvas.shape[0]
+        if state is None:
             stable = torch.ones(B, dtype=torch.bool, device=argmax_canvas.device)
         else:
-            if self.history is None:
-                self.history = argmax_canvas.new_full((self.stability_threshold, B, L), -1)
-            stable = (self.history == argmax_canvas[None]).all(dim=-1).all(dim=0)
-            self.history = torch.cat([self.history[1:], argmax_canvas[None]], dim=0)
+            stable = (state == argmax_canvas[:, None]).all(dim=-1).all(dim=-1)  # [B]
+            state = torch.cat([state[:, 1:], argmax_canvas[:, None]], dim=1)
         confident = entropy.mean(dim=-1) < self.confidence_threshold
-        return stable & confident
+        return stable & confident, state
+
+
+def stopper_for(config) -> Stopper:
+    """The stopper of a generation config, built in this one place."""
+    return StableAndConfidentStopper(config.stability_threshold, config.confidence_threshold)
 
 
 def eos_in_new_tokens(sequences: torch.Tensor, new_tokens: int, eos_ids: torch.Tensor | None) -> torch.Tensor:

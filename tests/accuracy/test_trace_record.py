@@ -71,7 +71,7 @@ def test_trace_is_identical_run_to_run_and_survives_save_and_load(model, tmp_pat
     manifest = json.loads((tmp_path / "t" / "manifest.json").read_text())
     assert manifest["format"] == "diffusiongemma-trace" and manifest["seed"] == 3 and manifest["top_k"] == 8
     assert manifest["generation_config"]["max_denoising_steps"] == STEPS
-    assert manifest["generation_config"]["sampler_config"] == {"entropy_bound": 0.1}
+    assert manifest["generation_config"]["sampler_config"] == {"entropy_bound": 0.1, "_cls_name": "EntropyBoundSamplerConfig"}
     assert set(manifest["versions"]) == {"diffusiongemma", "torch", "transformers"}
     assert len(manifest["model"]["config_sha256"]) == 64 and manifest["dtype"] == "float32"
     c = traced(model, ids, global_seed=4).trace  # another seed, another trace

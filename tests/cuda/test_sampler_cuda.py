@@ -5,6 +5,9 @@ softmax makes several passes over each row."""
 import pytest
 import torch
 
+from diffusiongemma.generation.sampler import SamplerContext
+from diffusiongemma.sampler_configs import EntropyBoundSamplerConfig
+
 from diffusiongemma.generation.sampler import ReferenceSampler, token_entropy
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -26,12 +29,12 @@ def test_in_place_softmax_gives_the_out_of_place_bits(vocab):
         return probs @ embed
 
     torch.manual_seed(0)
-    out = ReferenceSampler(0.1, vocab).step(logits, None, soft_embed)
+    out = ReferenceSampler(EntropyBoundSamplerConfig(entropy_bound=0.1), SamplerContext(vocab, 4)).step(logits, soft_embed=soft_embed)
     want = torch.softmax(original, dim=-1)
     assert seen["same_buffer"]  # really in place: no second [B, L, V] buffer
     assert torch.equal(seen["probs"].view(B, L, vocab), want)
     assert torch.equal(out.argmax, original.argmax(dim=-1))
     torch.testing.assert_close(out.entropy, token_entropy(original.view(B * L, vocab)).view(B, L))
     torch.manual_seed(0)
-    again = ReferenceSampler(0.1, vocab).step(original.clone(), None, soft_embed)
+    again = ReferenceSampler(EntropyBoundSamplerConfig(entropy_bound=0.1), SamplerContext(vocab, 4)).step(original.clone(), soft_embed=soft_embed)
     assert torch.equal(again.canvas, out.canvas)  # the same draws: deterministic on the GPU

@@ -6,6 +6,9 @@ import math
 import pytest
 import torch
 
+from diffusiongemma.generation.sampler import SamplerContext
+from diffusiongemma.sampler_configs import EntropyBoundSamplerConfig
+
 from diffusiongemma.generation.entropy_bound import row_block, token_entropy
 from diffusiongemma.generation.fast_sampler import (
     FastSampler,
@@ -86,16 +89,23 @@ def test_two_level_cdf_distribution_across_blocks():
     assert chi_square(remapped, logits[support].softmax(-1)) < CHI2_CRIT[3]
 
 
+def fast(bound: float, vocab: int) -> FastSampler:
+    return FastSampler(EntropyBoundSamplerConfig(entropy_bound=bound), SamplerContext(vocab, 4))
+
+
+def fast_step(sampler, logits, generators, soft_embed=None):
+    B = logits.shape[0]
+    return sampler.step(logits, None, torch.ones(B), [0] * B, generators, soft_embed)
+
+
 def test_fast_sampler_rows_draw_from_their_own_generators():
     logits = torch.randn(2, 4, 50, generator=torch.Generator().manual_seed(0))
-    batch = FastSampler(0.1, 50, row_generators(2, torch.device("cpu"), seed=[3, 8]))
-    alone = FastSampler(0.1, 50, row_generators(1, torch.device("cpu"), seed=[8]))
-    both = batch.step(logits.clone())
-    second = alone.step(logits[1:].clone())
+    both = fast_step(fast(0.1, 50), logits.clone(), row_generators(2, torch.device("cpu"), seed=[3, 8]))
+    second = fast_step(fast(0.1, 50), logits[1:].clone(), row_generators(1, torch.device("cpu"), seed=[8]))
     assert torch.equal(both.canvas[1:], second.canvas)
     # a subset of rows uses exactly those rows' generators
-    again = FastSampler(0.1, 50, row_generators(2, torch.device("cpu"), seed=[3, 8]))
-    only_second = again.step(logits[1:].clone(), rows=torch.tensor([1]))
+    gens = row_generators(2, torch.device("cpu"), seed=[3, 8])
+    only_second = fast_step(fast(0.1, 50), logits[1:].clone(), gens[1:])
     assert torch.equal(only_second.canvas, second.canvas)
 
 
@@ -122,8 +132,8 @@ def test_fast_sampler_soft_embedding_over_staged_row_groups():
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(V, H, generator=g)
     logits = torch.randn(B, L, V, generator=g) * 3
-    sampler = FastSampler(0.1, V, [torch.Generator().manual_seed(b) for b in range(B)])
-    out = sampler.step(logits.clone(), None, lambda p: p @ weight)
+    out = fast_step(fast(0.1, V), logits.clone(), [torch.Generator().manual_seed(b) for b in range(B)],
+                    lambda p: p @ weight)
     torch.testing.assert_close(out.soft, logits.softmax(-1) @ weight, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.argmax, logits.argmax(-1), atol=0, rtol=0)
 
@@ -168,10 +178,10 @@ def test_fast_sampler_never_draws_a_banned_token():
     allowed = torch.tensor([0, 1, 5, 100, 777, 1021, 1022, 1024, 1500, 2046, 2048, 2049, 3000, 3070, 3072, 3500,
                             4000, 4090, 4093, 4094])
     ban = BanMostOfTheVocabulary(allowed, V)
-    sampler = FastSampler(math.inf, V, row_generators(B, torch.device("cpu"), seed=1))
+    sampler, gens = fast(math.inf, V), row_generators(B, torch.device("cpu"), seed=1)
     for step in range(3):
         logits = ban(None, torch.randn(B, L, V, generator=g) * 4)
-        out = sampler.step(logits.clone(), None, None)
+        out = fast_step(sampler, logits.clone(), gens)
         assert bool(torch.isin(out.canvas, allowed).all()), f"step {step}: a banned token was drawn"
         assert torch.equal(out.argmax, logits.argmax(-1))
     logits = ban(None, torch.randn(B * L, V, generator=g) * 4)

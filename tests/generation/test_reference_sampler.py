@@ -4,6 +4,9 @@ whole-tensor step the built-in runs, and consumes the same global-RNG draws."""
 import pytest
 import torch
 
+from diffusiongemma.generation.sampler import SamplerContext
+from diffusiongemma.sampler_configs import EntropyBoundSamplerConfig
+
 from diffusiongemma.generation.entropy_bound import entropy_bound_accept, renoise, token_entropy
 from diffusiongemma.generation.reference_sampler import ReferenceSampler
 
@@ -26,7 +29,7 @@ def test_blockwise_reference_step_is_bit_exact():
     expected = whole_tensor_reference_step(logits, 0.1)
     state = torch.get_rng_state()
     torch.manual_seed(11)
-    out = ReferenceSampler(0.1, 2**17).step(logits)
+    out = ReferenceSampler(EntropyBoundSamplerConfig(entropy_bound=0.1), SamplerContext(2**17, 4)).step(logits)
     assert torch.equal(out.canvas, expected[0]) and torch.equal(out.argmax, expected[1])
     assert torch.equal(out.entropy, expected[2])
     assert torch.equal(torch.get_rng_state(), state)  # same amount of global RNG consumed
