@@ -18,7 +18,7 @@ from transformers.utils import logging
 
 from ..generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig, resolve_generation_config
 from ..generation.resolve import SEED_MAX
-from ..generation.sampler import SAMPLERS
+from ..generation.sampler import sampling_names
 
 logger = logging.get_logger(__name__)
 
@@ -136,8 +136,9 @@ def request_settings(body: dict, model_generation_config) -> RequestSettings:
         if not 0 <= seed <= SEED_MAX:
             raise BadRequestField("seed", f"must lie in [0, 2**64 - 1], got {seed}")
     sampling = present.get("sampling", "fast")
-    if sampling not in SAMPLERS:
-        raise BadRequestField("sampling", f"must be one of {sorted(SAMPLERS)}, got {sampling!r}")
+    if sampling not in sampling_names(type(config.sampler_config)):
+        raise BadRequestField("sampling", f"must be one of {sorted(sampling_names(type(config.sampler_config)))}, "
+                                          f"got {sampling!r}")
     drafts = present.get("stream_drafts", False)
     if not isinstance(drafts, bool):
         raise BadRequestField("stream_drafts", f"must be true or false, got {drafts!r}")
