@@ -21,6 +21,7 @@ from .modeling import (
     DiffusionGemmaTextConfig,
 )
 from .modeling.model import PipelineLoadError
+from .generation.sampler import register_sampler
 from .processing import DiffusionGemmaProcessor, load_processor
 
 AutoModelForCausalLM.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
@@ -41,4 +42,5 @@ __all__ = [
     "Trace",
     "load_processor",
     "load_trace",
+    "register_sampler",
 ]

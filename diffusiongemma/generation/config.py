@@ -12,7 +12,8 @@ from numbers import Real
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
     DiffusionGemmaGenerationConfig as _BuiltinGenerationConfig,
 )
-from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
+
+from ..sampler_configs import EntropyBoundSamplerConfig, sampler_config_class, sampler_config_names
 
 __all__ = ["DiffusionGemmaGenerationConfig", "EntropyBoundSamplerConfig", "GLOBAL_DEFAULTS", "resolve_generation_config"]
 
@@ -54,9 +55,13 @@ class DiffusionGemmaGenerationConfig(_BuiltinGenerationConfig):
         positive_int("max_denoising_steps")
         positive_int("max_new_tokens")
         positive_int("max_length")
-        if self.sampler_config is not None and not isinstance(self.sampler_config, EntropyBoundSamplerConfig):
+        if self.sampler_config is not None and (
+            isinstance(self.sampler_config, dict) or type(self.sampler_config).__name__ not in sampler_config_names()
+            or sampler_config_class(type(self.sampler_config).__name__) is not type(self.sampler_config)
+        ):
             raise ValueError(
-                f"`sampler_config` must be an EntropyBoundSamplerConfig, got {type(self.sampler_config).__name__}"
+                f"`sampler_config` must be a registered sampler config ({', '.join(sampler_config_names())}; see "
+                f"diffusiongemma.register_sampler), got {type(self.sampler_config).__name__}"
             )
         for name in ("t_min", "t_max"):
             value = getattr(self, name)
@@ -76,7 +81,7 @@ class DiffusionGemmaGenerationConfig(_BuiltinGenerationConfig):
         ):
             raise ValueError(f"`confidence_threshold` must be a finite float > 0, got {self.confidence_threshold!r}")
         bound = getattr(self.sampler_config, "entropy_bound", None)
-        if self.sampler_config is not None and (
+        if isinstance(self.sampler_config, EntropyBoundSamplerConfig) and (
             not isinstance(bound, float) or not math.isfinite(bound) or bound <= 0
         ):
             raise ValueError(f"`sampler_config.entropy_bound` must be a finite float > 0, got {bound!r}")
@@ -90,6 +95,17 @@ class DiffusionGemmaGenerationConfig(_BuiltinGenerationConfig):
             ids = value if isinstance(value, (list, tuple)) else [value]
             if value is not None and not all(_is_int(i) and i >= 0 for i in ids):
                 raise ValueError(f"`{name}` must be a non-negative integer (or a list for eos), got {value!r}")
+
+    def _resolve_dataclasses(self) -> None:
+        """A saved `sampler_config` (its fields plus `_cls_name`) back into its class: any registered sampler config
+        (`diffusiongemma.register_sampler`), not only the built-in's own."""
+        attr = getattr(self, "sampler_config", None)
+        if isinstance(attr, dict):
+            fields = dict(attr)
+            name = fields.pop("_cls_name", None)
+            if name is None:
+                raise ValueError("`sampler_config` given as a dict needs its `_cls_name` (the sampler config class)")
+            self.sampler_config = sampler_config_class(name)(**fields)
 
     @classmethod
     def from_builtin(cls, config: _BuiltinGenerationConfig) -> "DiffusionGemmaGenerationConfig":

@@ -28,7 +28,7 @@ IDS = torch.randint(3, 128, (1, 4))
     (dict(stability_threshold=-1), "`stability_threshold` must be an integer >= 0"),
     (dict(confidence_threshold=0.0), "`confidence_threshold` must be a finite float > 0"),
     (dict(confidence_threshold=-1.0), "`confidence_threshold` must be a finite float > 0"),
-    (dict(sampler_config="entropy"), "`sampler_config` must be an EntropyBoundSamplerConfig"),
+    (dict(sampler_config="entropy"), "`sampler_config` must be a registered sampler config"),
     (dict(cache_implementation="static"), "`cache_implementation` must be None or 'dynamic'"),
     (dict(top_k=5), r"unknown keyword arguments \['top_k'\]"),
     (dict(max_length=3), r"`max_length` \(3\) must exceed the prompt length"),
