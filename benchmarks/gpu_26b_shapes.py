@@ -20,7 +20,8 @@ from transformers import DiffusionGemmaConfig
 
 from diffusiongemma import DiffusionGemmaForBlockDiffusion
 from diffusiongemma.generation.loop import soft_embedder
-from diffusiongemma.generation.sampler import apply_temperature_, make_sampler, row_generators, temperature_at
+from diffusiongemma.generation.sampler import (EntropyBoundSamplerConfig, SamplerContext, apply_temperature_,
+                                               row_generators, sampler_for, temperature_at)
 
 REAL_TEXT = dict(  # spec A.4
     vocab_size=262144, hidden_size=2816, intermediate_size=2112, num_hidden_layers=30, num_attention_heads=16,
@@ -102,13 +103,15 @@ def main() -> None:
     cache.reserve(args.prompt + L)
     with torch.no_grad():
         model.encode(ids, cache)
-        sampler = make_sampler(args.sampling, 0.1, V, row_generators(1, device, seed=0))
-        canvas, soft, times = sampler.init_canvas(1, L, device), None, []
+        sampler = sampler_for(EntropyBoundSamplerConfig(entropy_bound=0.1), args.sampling, SamplerContext(V, 12))
+        gens = row_generators(1, device, seed=0) if sampler.per_row else None
+        canvas, soft, times = sampler.init_canvas(1, L, device, gens), None, []
         for _ in range(args.steps + 2):
             sync(device)
             t = time.perf_counter()
             logits = apply_temperature_(model.head(model.denoise(canvas, cache, soft)), temperature_at(6, 12, 0.4, 0.8))
-            step = sampler.step(logits, None, soft_embedder(stack, exact_reference=args.sampling == "reference"))
+            step = sampler.step(logits, canvas, None, [0], gens,
+                                soft_embedder(stack, exact_reference=args.sampling == "reference"))
             soft = step.soft if step.soft is not None else stack.soft_embedding(logits.to(dtype))
             canvas = step.canvas
             sync(device)

@@ -16,7 +16,8 @@ from collections import defaultdict
 import torch
 
 from diffusiongemma.generation.loop import soft_embedder
-from diffusiongemma.generation.sampler import apply_temperature_, make_sampler, row_generators, temperature_at
+from diffusiongemma.generation.sampler import (EntropyBoundSamplerConfig, SamplerContext, apply_temperature_,
+                                               row_generators, sampler_for, temperature_at)
 from generate_vs_builtin import load_pair
 
 
@@ -63,8 +64,9 @@ def main() -> None:
             cache = model.new_cache()
             cache.reserve(args.prompt + L)
             model.encode(ids, cache)
-            sampler = make_sampler(mode, 0.1, V, row_generators(B, ids.device, seed=0) if mode == "fast" else None)
-            canvas = sampler.init_canvas(B, L, ids.device)
+            sampler = sampler_for(EntropyBoundSamplerConfig(entropy_bound=0.1), mode, SamplerContext(V, 16))
+            gens = row_generators(B, ids.device, seed=0) if mode == "fast" else None
+            canvas = sampler.init_canvas(B, L, ids.device, gens)
             soft = None
             samples = defaultdict(list)
             for step in range(args.repeats + 1):
@@ -74,14 +76,14 @@ def main() -> None:
                 t1 = time.perf_counter()
                 logits = apply_temperature_(model.head(hidden), temperature_at(8, 16, 0.4, 0.8))
                 t2 = time.perf_counter()
-                out = sampler.step(logits, None, None)
+                out = sampler.step(logits, canvas, None, [0] * B, gens)
                 t3 = time.perf_counter()
                 if mode == "reference":
                     soft = stack.soft_embedding(logits)  # softmax + probs @ Emb, as the built-in does
                     t4 = time.perf_counter()
                 else:  # fast mode builds the soft embedding inside its one pass: time the pass with it, subtract
                     t = time.perf_counter()
-                    out = sampler.step(logits, None, soft_embedder(stack, exact_reference=False))
+                    out = sampler.step(logits, canvas, None, [0] * B, gens, soft_embedder(stack, exact_reference=False))
                     soft = out.soft
                     t4 = t3 + (time.perf_counter() - t) - (t3 - t2)
                 canvas = out.canvas

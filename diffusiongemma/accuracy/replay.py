@@ -12,8 +12,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..generation.entropy_bound import entropy_bound_accept, token_entropy
+from ..generation.engine import Plan, StepRows, denoise_rows, soft_embedder
+from ..generation.entropy_bound import token_entropy
+from ..generation.sampler import SamplerContext, sampler_class_for
 from ..generation.stopping import StableAndConfidentStopper
+from ..sampler_configs import EntropyBoundSamplerConfig, sampler_config_class
 from ..modeling.masks import PaddingSlots
 from .format import Trace
 
@@ -110,7 +113,8 @@ def generation_setting(trace: Trace, model, name: str):
     if settings.get(name) is not None:
         return settings[name]
     value = getattr(model.generation_config, name, None)
-    return value if value is not None else {"stability_threshold": 1, "confidence_threshold": 0.005}[name]
+    return value if value is not None else {"stability_threshold": 1, "confidence_threshold": 0.005,
+                                            "max_denoising_steps": 48}[name]
 
 
 class PrefixEncoder:
@@ -150,59 +154,87 @@ def step_logprobs(model, canvas, cache, soft, keep, temperature: float) -> torch
     return torch.log_softmax(logits.div_(temperature), dim=-1)
 
 
+def replay_plan(model, trace: Trace) -> Plan:
+    """The trace's sampler and stopper, as `generate` built them (manifest: `sampling`, `sampler_config`)."""
+    settings = trace.manifest.get("generation_config") or {}
+    saved = dict(settings.get("sampler_config") or {})
+    if saved:
+        name = saved.pop("_cls_name", "EntropyBoundSamplerConfig")  # traces before the registry kept only the bound
+        sampler_config = sampler_config_class(name)(**saved)
+    else:
+        sampler_config = model.generation_config.sampler_config or EntropyBoundSamplerConfig(entropy_bound=0.1)
+    sampler_class = sampler_class_for(sampler_config, trace.manifest.get("sampling"))
+    steps = int(generation_setting(trace, model, "max_denoising_steps"))
+    return Plan(
+        sampler=sampler_class(sampler_config, SamplerContext(model.config.text_config.vocab_size, steps)),
+        stopper=StableAndConfidentStopper(int(generation_setting(trace, model, "stability_threshold")),
+                                          float(generation_setting(trace, model, "confidence_threshold"))),
+        max_steps=steps, temperatures=torch.ones(steps + 1), processors=None,
+        soft_embed=soft_embedder(model.get_decoder(), exact_reference=not sampler_class.per_row),
+    )
+
+
 @torch.no_grad()
 def replay_full(model, trace: Trace) -> list[StepScore]:
-    """Teacher-forced replay of every recorded step -> one `StepScore` per record (rows active at that step)."""
+    """Teacher-forced replay of every recorded step through the one engine step (`engine.denoise_rows`, with the
+    trace's sampler and stopper) -> one `StepScore` per record (rows active at that step). The sampler's draws come
+    from throw-away generators (or a forked global RNG): what is scored (argmax, entropy, acceptance, stopping) is
+    what it decides, not its noise."""
     device = next(model.parameters()).device
     t = {k: v.to(device) for k, v in trace.tensors.items()}
     prefix = PrefixEncoder(model, trace, device)
     stack = model.get_decoder()
-    bound = generation_setting(trace, model, "entropy_bound")
-    stopper = StableAndConfidentStopper(int(generation_setting(trace, model, "stability_threshold")),
-                                        float(generation_setting(trace, model, "confidence_threshold")))
+    plan = replay_plan(model, trace)
+    B, P = t["sequences"].shape[0], trace.prompt_length
     scores = []
-    for c in range(trace.num_canvases):
-        records = trace.steps(c).tolist()
-        if not records:
-            continue
-        cache = prefix.ready_for(c)
-        state = stopper.init_state(*t["input_canvas"][records[0]].shape, device)  # the stopper's history
-        for r in records:
-            soft = self_conditioning_input(stack, t, r)
-            ours = step_logprobs(model, t["input_canvas"][r].long(), cache, soft, prefix.keep,
-                                 float(t["temperature"][r]))  # [B, L, V]
-            score, state = score_step(trace, t, r, c, ours, bound, stopper, state)
-            scores.append(score)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for c in range(trace.num_canvases):
+            records = trace.steps(c).tolist()
+            if not records:
+                continue
+            cache = prefix.ready_for(c)
+            state = plan.stopper.init_state(B, trace.canvas_length, device)
+            for r in records:
+                soft = self_conditioning_input(stack, t, r)
+                canvas = t["input_canvas"][r].long()
+                n = int(t["steps_remaining"][r])
+                step_plan = Plan(plan.sampler, plan.stopper, plan.max_steps,
+                                 t["temperature"][r].float().expand(plan.max_steps + 1).contiguous(), None,
+                                 plan.soft_embed)
+                out = denoise_rows(model, step_plan, StepRows(
+                    hidden=model.denoise(canvas, cache, soft, keep=prefix.keep), canvas=canvas,
+                    sequences=t["sequences"][:, : P + c * trace.canvas_length], row_ids=list(range(B)),
+                    position_offsets=[0] * B, steps_remaining=[n] * B,
+                    generators=[torch.Generator(device=device).manual_seed(b) for b in range(B)]
+                    if plan.sampler.per_row else None, stop_state=state,
+                ), keep_logits=True)
+                state = out.stop_state
+                scores.append(score_step(t, r, c, out))
     return scores
 
 
-def score_step(trace, t: dict, r: int, c: int, ours: torch.Tensor, bound: float, stopper, state
-               ) -> tuple[StepScore, torch.Tensor | None]:
-    """Compare our log-probs [B, L, V] with record r (the trace's tensors `t`, on our device) -> (score, the
-    stopper's next state)."""
+def score_step(t: dict, r: int, c: int, out) -> StepScore:
+    """Compare our step (`engine.StepResult` with its tempered logits) with record r (the trace's tensors `t`)."""
     active = t["active"][r]  # [B]
-    argmax = ours.argmax(dim=-1)  # [B, L]
-    entropy = token_entropy(ours)  # [B, L]
-    # frozen rows keep the recorded argmax in our stopper's history, as generate keeps theirs
-    stop, state = stopper(torch.where(active[:, None], argmax, t["argmax"][r].long()), entropy, state)
+    ours = torch.log_softmax(out.logits, dim=-1)  # [B, L, V]
+    argmax, entropy = out.argmax, out.entropy
     a = active
     ids = t["topk_ids"][r].long()
     our_top = ours.gather(-1, ids)  # [B, L, k]
     kl = coarse_kl(t["topk_logprobs"][r][a], our_top[a], ours.shape[-1])  # [B_active, L]
-    accepted = entropy_bound_accept(entropy, bound)
     n = int(a.sum())
     if n == 0:
         nan = float("nan")
-        return StepScore(c, int(t["step_index"][r]), 0, nan, nan, nan, nan, nan, nan, nan), state
+        return StepScore(c, int(t["step_index"][r]), 0, nan, nan, nan, nan, nan, nan, nan)
     return StepScore(
         canvas=c, step=int(t["step_index"][r]), rows=n,
         top1=float((argmax[a] == t["argmax"][r][a].long()).double().mean()),
         kl=float(kl.mean()), kl_max=float(kl.max()),
         max_dlogprob=float((t["topk_logprobs"][r][a].double() - our_top[a].double()).abs().max()),
-        accepted=float((accepted[a] == t["accepted"][r][a]).double().mean()),
-        stop=float((stop[a] == t["stopped"][r][a]).double().mean()),
+        accepted=float((out.accepted[a] == t["accepted"][r][a]).double().mean()),
+        stop=float((out.stop[a] == t["stopped"][r][a]).double().mean()),
         mean_entropy=float(entropy[a].double().mean()),
-    ), state
+    )
 
 
 @torch.no_grad()

@@ -103,7 +103,7 @@ class StepOutput(NamedTuple):
     """What a sampler's step returns for the B' rows it was given (what the next step and a trace need).
 
     `soft` is the self-conditioning input built with the `soft_embed` the sampler was given, or None: the engine then
-    builds it from the tempered logits (a sampler returning None must leave the logits untouched).
+    builds it from the tempered logits (a sampler given a `soft_embed` that returns None must leave them untouched).
     """
 
     canvas: torch.Tensor  # [B', L] accepted samples + fresh noise: the next decoder input

@@ -44,8 +44,6 @@ class ReferenceSampler:
         block = row_block(V)
         argmax = blocked_rows(first_argmax, flat, block).view(B, L)  # [B, L], same indices as logits.argmax(-1)
         entropy = blocked_rows(token_entropy, flat, block).view(B, L)
-        if soft_embed is None:  # the engine builds self-conditioning from the logits: leave them untouched
-            flat = flat.clone()
         probs = torch.softmax(flat, dim=-1, out=flat)  # [N, V] in place (same bits): the logits are not needed again
         sample = exact_multinomial(probs, block).view(B, L)  # RNG draw 1 (D.4d)
         accepted = entropy_bound_accept(entropy, self.entropy_bound)

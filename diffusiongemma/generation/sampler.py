@@ -83,8 +83,9 @@ class Sampler(Protocol):
         """One step for B' rows.
 
         Args:
-            logits: [B', L, V] fp32, processed and already divided by `temperature` (the sampler may overwrite them
-                in place only if it returns `soft`).
+            logits: [B', L, V] fp32, processed and already divided by `temperature`. Without a `soft_embed` the
+                sampler may overwrite them (the engine built the self-conditioning input already); with one, only if
+                it returns `soft`.
             canvas: [B', L] the canvas the decoder just read.
             temperature: [B'] fp32, each row's temperature this step (spec D.4c).
             step: each row's step index in its canvas, 0-based (steps remaining = context.max_steps - step).
