@@ -14,28 +14,11 @@ import argparse
 import os
 import sys
 
+from .cli_types import dtype_arg, positive_int  # noqa: F401 - positive_int: part of this module's API
 from .io.tokenizer_files import TOKENIZER_FILES, folder_has_tokenizer
 
 
-def _dtype(name: str):
-    import torch
-
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16, "auto": "auto"}
-    if name not in table:
-        raise argparse.ArgumentTypeError(f"--dtype must be one of {sorted(table)}, got {name!r}")
-    return table[name]
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer > 0 (shared by every command)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+_dtype = dtype_arg  # the name the commands below use
 
 
 def has_tokenizer_files(path: str) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 def _positive_int(text: str) -> int:
-    from ..cli import positive_int
+    from ..cli_types import positive_int
 
     return positive_int(text)
 
@@ -20,7 +20,7 @@ def _positive_int(text: str) -> int:
 def _load(args):
     from transformers import AutoTokenizer
 
-    from ..cli import _dtype
+    from ..cli_types import dtype_arg as _dtype
     from ..modeling import DiffusionGemmaForBlockDiffusion
 
     dtype = _dtype(args.dtype)

@@ -1,5 +1,6 @@
-"""Block-diffusion generation: the generation config, samplers, stoppers, per-step state and the `generate` loop.
+"""Block-diffusion generation: the one denoising step (`engine`), the row pool (`pool`), samplers and stoppers as
+plug-ins, per-step state and the `generate` loops.
 
-Import the submodules directly (`diffusiongemma.generation.loop`, `.config`, ...). This file imports nothing, so
-that `diffusiongemma.modeling` can import `generation.config` without pulling in the loop (which imports modeling).
+Import the submodules directly (`diffusiongemma.generation.loop`, `.engine`, ...). This file imports nothing. The
+generation config lives at the bottom layer (`diffusiongemma.generation_config`); `.config` re-exports it.
 """

@@ -29,7 +29,7 @@ from .stack import DiffusionGemmaTextStack
 from .validation import attention_backend_for, check_experts_implementation, check_forward_inputs
 from .vision import PromptImages, check_no_audio_or_video, project_images, prompt_images, scatter_images
 from .weights import checkpoint_keys, key_mapping_for, loading_problems
-from ..generation.config import DiffusionGemmaGenerationConfig
+from ..generation_config import DiffusionGemmaGenerationConfig
 
 
 class DiffusionGemmaPreTrainedModel(PreTrainedModel):

@@ -5,7 +5,7 @@ import json
 import os
 import sys
 
-from ..cli import positive_int
+from ..cli_types import positive_int
 
 SERVE_EXTRA = 'the serving dependencies are missing: pip install "diffusiongemma[serve]"'
 

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..cli import positive_int
+from ..cli_types import positive_int
 from ..generation.streamers import is_terminal
 from .puzzles import BLANK, check_puzzle, read_puzzles, render_grid
 

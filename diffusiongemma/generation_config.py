@@ -1,0 +1,153 @@
+"""Generation settings: transformers' `DiffusionGemmaGenerationConfig` with strict, clear validation (spec A.5, D.1).
+
+The bottom layer (it imports only transformers and `sampler_configs`): the network (`modeling/`) and generation both
+read it. `diffusiongemma.generation.config` re-exports it.
+
+We subclass transformers' class so `generation_config.json` files load and save identically in both directions;
+only `validate` differs: every bad value raises a `ValueError` naming the field and what was expected (the built-in
+raises AttributeError for bad thresholds and lets booleans pass as integers).
+"""
+
+import copy
+import math
+from numbers import Real
+
+from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+    DiffusionGemmaGenerationConfig as _BuiltinGenerationConfig,
+)
+
+from .sampler_configs import EntropyBoundSamplerConfig, sampler_config_class, sampler_config_names
+
+__all__ = ["DiffusionGemmaGenerationConfig", "EntropyBoundSamplerConfig", "GLOBAL_DEFAULTS", "resolve_generation_config"]
+
+# spec A.5: applied at generate time to fields that neither the model's config nor the call set
+GLOBAL_DEFAULTS = {
+    "max_new_tokens": 256,
+    "max_denoising_steps": 48,
+    "t_min": 0.4,
+    "t_max": 0.8,
+    "stability_threshold": 1,
+    "confidence_threshold": 0.005,
+}
+DEFAULT_ENTROPY_BOUND = 0.1
+FP32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+class DiffusionGemmaGenerationConfig(_BuiltinGenerationConfig):
+    """Settings of block-diffusion `generate` (fields as in transformers' class of the same name).
+
+    Fields: max_new_tokens, max_length, max_denoising_steps, sampler_config (`EntropyBoundSamplerConfig`), t_min,
+    t_max, stability_threshold, confidence_threshold, eos_token_id, pad_token_id, bos_token_id,
+    return_dict_in_generate, cache_implementation, cache_config, disable_compile.
+    """
+
+    def validate(self, **unused_kwargs) -> None:
+        def positive_int(name):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value <= 0):
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+
+        positive_int("max_denoising_steps")
+        positive_int("max_new_tokens")
+        positive_int("max_length")
+        if self.sampler_config is not None and (
+            isinstance(self.sampler_config, dict) or type(self.sampler_config).__name__ not in sampler_config_names()
+            or sampler_config_class(type(self.sampler_config).__name__) is not type(self.sampler_config)
+        ):
+            raise ValueError(
+                f"`sampler_config` must be a registered sampler config ({', '.join(sampler_config_names())}; see "
+                f"diffusiongemma.register_sampler), got {type(self.sampler_config).__name__}"
+            )
+        for name in ("t_min", "t_max"):
+            value = getattr(self, name)
+            if value is not None and (not _is_real(value) or not math.isfinite(value) or value < 0
+                                      or value > FP32_MAX):
+                raise ValueError(f"`{name}` must be a finite number >= 0 (at most {FP32_MAX:.3g}: the schedule "
+                                 f"runs in float32), got {value!r}")
+        if self.t_min is not None and self.t_max is not None and not self.t_max > self.t_min:
+            raise ValueError(f"`t_max` must be greater than `t_min`, got t_max={self.t_max} <= t_min={self.t_min}")
+        if self.stability_threshold is not None and (
+            not _is_int(self.stability_threshold) or self.stability_threshold < 0
+        ):
+            raise ValueError(f"`stability_threshold` must be an integer >= 0, got {self.stability_threshold!r}")
+        if self.confidence_threshold is not None and (
+            not isinstance(self.confidence_threshold, float) or not math.isfinite(self.confidence_threshold)
+            or self.confidence_threshold <= 0
+        ):
+            raise ValueError(f"`confidence_threshold` must be a finite float > 0, got {self.confidence_threshold!r}")
+        bound = getattr(self.sampler_config, "entropy_bound", None)
+        if isinstance(self.sampler_config, EntropyBoundSamplerConfig) and (
+            not isinstance(bound, float) or not math.isfinite(bound) or bound <= 0
+        ):
+            raise ValueError(f"`sampler_config.entropy_bound` must be a finite float > 0, got {bound!r}")
+        if self.cache_implementation not in (None, "dynamic"):
+            raise ValueError(
+                f"`cache_implementation` must be None or 'dynamic' (diffusiongemma keeps its own block cache), "
+                f"got {self.cache_implementation!r}"
+            )
+        for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
+            value = getattr(self, name)
+            ids = value if isinstance(value, (list, tuple)) else [value]
+            if value is not None and not all(_is_int(i) and i >= 0 for i in ids):
+                raise ValueError(f"`{name}` must be a non-negative integer (or a list for eos), got {value!r}")
+
+    def _resolve_dataclasses(self) -> None:
+        """A saved `sampler_config` (its fields plus `_cls_name`) back into its class: any registered sampler config
+        (`diffusiongemma.register_sampler`), not only the built-in's own."""
+        attr = getattr(self, "sampler_config", None)
+        if isinstance(attr, dict):
+            fields = dict(attr)
+            name = fields.pop("_cls_name", None)
+            if name is None:
+                raise ValueError("`sampler_config` given as a dict needs its `_cls_name` (the sampler config class)")
+            self.sampler_config = sampler_config_class(name)(**fields)
+
+    @classmethod
+    def from_builtin(cls, config: _BuiltinGenerationConfig) -> "DiffusionGemmaGenerationConfig":
+        return cls(**{k: v for k, v in config.to_dict().items() if k != "sampler_config"},
+                   sampler_config=config.sampler_config)
+
+
+def resolve_generation_config(
+    model_config: _BuiltinGenerationConfig | None,
+    generation_config: _BuiltinGenerationConfig | None,
+    kwargs: dict,
+) -> tuple[DiffusionGemmaGenerationConfig, dict, set]:
+    """Spec D.1: explicit config (or the model's), filled from the model's, then global defaults, then kwargs.
+
+    Returns:
+        (validated config, kwargs that are not config fields, names of config fields set explicitly by kwargs)
+    """
+    base = generation_config if generation_config is not None else model_config
+    config = copy.deepcopy(base) if base is not None else DiffusionGemmaGenerationConfig()
+    if not isinstance(config, DiffusionGemmaGenerationConfig):
+        if not isinstance(config, _BuiltinGenerationConfig):
+            raise ValueError(
+                "`generation_config` must be a DiffusionGemmaGenerationConfig, got " f"{type(config).__name__}"
+            )
+        config = DiffusionGemmaGenerationConfig.from_builtin(config)
+    if model_config is not None and model_config is not base:
+        for key, value in model_config.to_dict().items():
+            if getattr(config, key, None) is None and key in config.__dict__:
+                setattr(config, key, copy.deepcopy(getattr(model_config, key)))
+    for key, value in GLOBAL_DEFAULTS.items():
+        if getattr(config, key) is None:
+            setattr(config, key, value)
+    if config.sampler_config is None:
+        config.sampler_config = EntropyBoundSamplerConfig(entropy_bound=DEFAULT_ENTROPY_BOUND)
+    explicit = {k for k in kwargs if k in config.__dict__ and not k.startswith("_")}
+    rest = {k: v for k, v in kwargs.items() if k not in explicit}
+    for key in explicit:
+        setattr(config, key, kwargs[key])
+    if isinstance(config.sampler_config, dict):
+        config._resolve_dataclasses()
+    config.validate()
+    return config, rest, explicit
