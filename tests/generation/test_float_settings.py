@@ -1,4 +1,4 @@
-"""generation/config.py: every float generation setting must be finite and in range; a bad value is a ValueError
+"""generation_config.py: every float generation setting must be finite and in range; a bad value is a ValueError
 naming the field and the value, raised before any forward pass (no silent NaN temperature or threshold)."""
 
 import math
