@@ -33,7 +33,7 @@ from .stopping import pad_after_eos
 PREFILL, COMMIT, DENOISE = "prefill", "commit", "denoise"
 
 
-@dataclass
+@dataclass(eq=False)  # rows are compared by identity (they hold tensors)
 class Row:
     """One sequence's progress in the pool. `tokens` is what the next pass feeds: the prompt, a canvas to commit, or
     the canvas being denoised."""
