@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPU check for a freshly lent machine: every CUDA-only test (`pytest -m cuda`, tests/cuda/) and the 26B-shape
-# benchmark, in under 8 minutes on one GPU, ending with ONE summary table (group, result, time; benchmark numbers).
+# One GPU check for a freshly lent machine: every CUDA-only test (`pytest -m cuda`, tests/cuda/), the 26B-shape
+# benchmark and the CUDA-graph denoising pass against eager (cuda_graph_pass.py), in under 8 minutes on one GPU, ending with ONE summary table (group, result, time; benchmark numbers).
 #
 #   bash benchmarks/gpu_check.sh --dry-run        # list the steps and their time limits; runs nothing (any machine)
 #   bash benchmarks/gpu_check.sh --fetch-wheels   # on a machine with a package registry: fill wheels/ (see below)
@@ -64,8 +64,8 @@ fi
 
 # ---- the steps: name, time limit (s), command (run with bash -c in the repo root) --------------------------------
 # Limits add up to 470 s, inside the 8-minute budget (the tests' time goes mostly to three torch.compile runs).
-STEP_NAMES=(env gpu cuda-tests benchmark)
-STEP_LIMITS=(60 15 280 115)
+STEP_NAMES=(env gpu cuda-tests benchmark cuda-graph)
+STEP_LIMITS=(60 15 240 105 50)
 STEP_COMMANDS=(
     "rm -rf '$VENV' && $PY -m venv --system-site-packages --without-pip '$VENV' \
 && $PY -c 'import site; print(*site.getsitepackages(), sep=chr(10))' \
@@ -83,6 +83,7 @@ print(torch.cuda.get_device_name(), torch.cuda.get_device_capability())'"
     "'$VENV/bin/python' -m pytest -m cuda tests/cuda -q -rfEs -p no:cacheprovider -o junit_family=xunit1 \
 --junitxml='$LOGS/junit.xml' \$('$VENV/bin/python' -c 'import pytest_timeout' 2>/dev/null && echo --timeout=150)"
     "'$VENV/bin/python' benchmarks/gpu_26b_shapes.py $BENCH_ARGS"
+    "'$VENV/bin/python' benchmarks/cuda_graph_pass.py"
 )
 
 if [[ $MODE == dry ]]; then
@@ -139,9 +140,9 @@ for name, result, seconds in rows:
             counts = ", ".join(f"{g[k]} {k}" for k in ("passed", "failed", "skipped") if g[k])
             seconds = g["time"]
             table.append(("  " + group.split("/")[-1].removesuffix(".py"), counts, f"{seconds:.1f} s"))
-    if name == "benchmark" and os.path.exists(os.path.join(logs, "benchmark.log")):
-        for line in open(os.path.join(logs, "benchmark.log")):
-            m = re.match(r"(decoder pass|generate|bytes per pass|peak memory)\b(.*)", line.strip())
+    if name in ("benchmark", "cuda-graph") and os.path.exists(os.path.join(logs, name + ".log")):
+        for line in open(os.path.join(logs, name + ".log")):
+            m = re.match(r"(decoder pass|generate|bytes per pass|peak memory|cuda graph pass)\b(.*)", line.strip())
             if m:
                 table.append(("  " + m.group(1), m.group(2).lstrip(" :"), ""))
 width = [max(len(r[i]) for r in table) for i in range(3)]

@@ -18,12 +18,13 @@ def test_dry_run_lists_the_steps_without_running_them(tmp_path):
     out = run("--dry-run", "--venv", str(venv), "--out", str(tmp_path / "logs"))
     assert out.returncode == 0, out.stderr
     steps = re.findall(r"^step (\d)  (\S+)\s+limit\s+(\d+)s  (.*)$", out.stdout, flags=re.M)
-    assert [name for _, name, _, _ in steps] == ["env", "gpu", "cuda-tests", "benchmark"]
+    assert [name for _, name, _, _ in steps] == ["env", "gpu", "cuda-tests", "benchmark", "cuda-graph"]
     commands = {name: command for _, name, _, command in steps}
     assert "venv --system-site-packages" in commands["env"] and "--no-index --no-deps" in commands["env"]
     assert "/wheels'/*.whl" in commands["env"] and "-e ." in commands["env"]
     assert "pytest -m cuda tests/cuda" in commands["cuda-tests"] and "--junitxml" in commands["cuda-tests"]
     assert "benchmarks/gpu_26b_shapes.py" in commands["benchmark"]
+    assert "benchmarks/cuda_graph_pass.py" in commands["cuda-graph"]
     assert sum(int(limit) for _, _, limit, _ in steps) <= 8 * 60
     assert not venv.exists() and not (tmp_path / "logs").exists()  # nothing ran
 

@@ -1,15 +1,30 @@
 """KV cache for block diffusion: the committed prefix plus a reserved canvas slot, per layer (spec C.10).
 
+Capacity is static: `reserve(C)` (lock-step generate calls it with the whole generation length) fixes the slots per
+layer, and the buffers [B, K, C, D] are allocated once, at the first write, and never move while the cache lives. A
+write past the capacity (a `forward` call with no `reserve`) raises the capacity to exactly what it needs.
+
 Encoder passes write their keys/values at slots [S, S+T) and then advance the committed length S. Denoising passes
-write the canvas keys/values into the reserved slots [S, S+L) *without* advancing S, so attention reads a view
-[kv_start, S+L) of one buffer: no per-step concatenation of the whole prefix with the canvas. The next commit pass
-overwrites the same slots. Sliding layers read only the last W-1 committed slots (the mask builder picks the view).
+write the canvas keys/values into the reserved slots [S, S+L) *without* advancing S. The next commit pass overwrites
+the same slots. S is kept twice: a host int (`length`, it sizes encoder passes and the exact decoder views) and a
+0-d device tensor (`length_t`, updated in place by `advance`, so its storage never moves either).
+
+Denoising passes read the cache one of two ways:
+
+* exact (the default, `BlockDiffusionCache.write`): attention reads the view [kv_start, S+L) of each buffer, sized on
+  the host. No per-step concatenation; the shapes (and SDPA's rounding) are the built-in's, so parity is bit-exact.
+* static (`static_view()` -> `StaticCacheView`, for the compiled pass of modeling/compile.py): the canvas is written
+  at device-side slots S_t + [0, L) and attention reads the whole capacity [0, C); slots not yet written (and the
+  sliding layers' dropped ones) are masked by `masks.build_static_decoder_masks` from S_t. Every tensor of the pass
+  then has the same shape at every step and canvas, so it compiles once and can be captured as a CUDA graph.
 
 While autograd is recording (training), writes are functional (`torch.cat`) instead of in place, so gradients flow
 through the cached keys/values and nothing a backward pass needs is overwritten.
 
-Legend: B batch, K kv heads, C capacity (slots), D head dim, T tokens written.
+Legend: B batch, K kv heads, C capacity (slots), D head dim, T tokens written, L canvas length, S committed slots.
 """
+
+from dataclasses import dataclass
 
 import torch
 
@@ -22,14 +37,16 @@ class BlockDiffusionCache:
 
     Args:
         shapes: the `LayerShape` of every layer (K and D differ between full and sliding layers).
+        capacity: static slots C per layer (0: set by `reserve` or by the first write).
     """
 
-    def __init__(self, shapes: list[LayerShape]):
+    def __init__(self, shapes: list[LayerShape], capacity: int = 0):
         self.shapes = list(shapes)
         self.keys: list[torch.Tensor | None] = [None] * len(shapes)
         self.values: list[torch.Tensor | None] = [None] * len(shapes)
-        self.length = 0  # committed slots S
-        self.capacity_hint = 0
+        self.length = 0  # committed slots S, on the host
+        self.length_t: torch.Tensor | None = None  # [] long on the buffers' device: S again, for the static pass
+        self.capacity = capacity  # slots C of every buffer
         self.padding = None  # `PaddingSlots` of the latest padding vector a denoising pass read (masks.py)
 
     def __len__(self) -> int:
@@ -40,21 +57,27 @@ class BlockDiffusionCache:
         return self.length
 
     def reserve(self, slots: int) -> None:
-        """Ask for room for `slots` slots in total, so writes up to there never reallocate."""
-        self.capacity_hint = max(self.capacity_hint, slots)
+        """Make the static capacity at least `slots` slots, so writes up to there never reallocate.
 
-    def _grow(self, layer: int, needed: int, like: torch.Tensor) -> None:
-        buf = self.keys[layer]
-        capacity = 0 if buf is None else buf.shape[2]
-        if needed <= capacity:
+        Buffers already allocated move once, here, into buffers of the new capacity (their committed slots copied).
+        """
+        if slots <= self.capacity:
             return
-        new_capacity = max(needed, self.capacity_hint, 2 * capacity)
+        self.capacity = slots
+        for layer, keys in enumerate(self.keys):
+            if keys is not None and not keys.requires_grad:
+                self._fit(layer, keys)
+
+    def _fit(self, layer: int, like: torch.Tensor) -> None:
+        """Buffers [B, K, C, D] for `layer` at the capacity, holding the committed slots of the old ones, if any."""
         B, K, _, D = like.shape
         for store in (self.keys, self.values):
-            new = like.new_zeros(B, K, new_capacity, D)
+            new = like.new_zeros(B, K, self.capacity, D)  # [B, K, C, D]
             if store[layer] is not None:
                 new[:, :, : self.length] = store[layer][:, :, : self.length]
             store[layer] = new
+        if self.length_t is None:
+            self.length_t = torch.full((), self.length, dtype=torch.long, device=like.device)
 
     def write(
         self, layer: int, key: torch.Tensor, value: torch.Tensor, kv_start: int, persist: bool
@@ -73,14 +96,53 @@ class BlockDiffusionCache:
             if persist:
                 self.keys[layer], self.values[layer] = keys, values
             return keys[:, :, kv_start:end], values[:, :, kv_start:end]
-        self._grow(layer, end, key)
+        self.reserve(end)  # a no-op within the static capacity
+        if self.keys[layer] is None or self.keys[layer].shape[2] != self.capacity:
+            self._fit(layer, key)  # the first write (or one after functional, training writes)
         self.keys[layer][:, :, self.length : end] = key
         self.values[layer][:, :, self.length : end] = value
         return self.keys[layer][:, :, kv_start:end], self.values[layer][:, :, kv_start:end]
 
     def advance(self, tokens: int) -> None:
-        """Commit the slots just written by an encoder pass: S += tokens."""
+        """Commit the slots just written by an encoder pass: S += tokens (host and device copy; no host sync)."""
         self.length += tokens
+        if self.length_t is not None:
+            self.length_t.fill_(self.length)  # in place: a captured graph keeps reading the same storage
+
+    def static_view(self) -> "StaticCacheView":
+        """The fixed-shape view a compiled denoising pass reads (see the module docstring). Needs written buffers."""
+        if self.length_t is None or any(k is None or k.shape[2] != self.capacity for k in self.keys):
+            raise ValueError("the static view needs every layer's buffers at the reserved capacity: `reserve` and "
+                             "encode a prompt first (training caches, built functionally, have none)")
+        return StaticCacheView(list(self.keys), list(self.values), self.length_t)
+
+
+@dataclass
+class StaticCacheView:
+    """A denoising pass's view of a `BlockDiffusionCache` with every shape fixed by the capacity C.
+
+    Attributes:
+        keys, values: per layer, the cache's buffers [B, K, C, D] themselves (written in place).
+        length: [] long on the device, the committed slots S.
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: torch.Tensor
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def write(
+        self, layer: int, key: torch.Tensor, value: torch.Tensor, kv_start: int, persist: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy the canvas key/value [B, K, L, D] to slots S + [0, L) (S on the device) and return the whole buffers
+        [B, K, C, D]; the static mask hides what the pass must not see (`kv_start` is 0, `persist` False)."""
+        slots = self.length + torch.arange(key.shape[2], device=key.device)  # [L]
+        self.keys[layer].index_copy_(2, slots, key)
+        self.values[layer].index_copy_(2, slots, value)
+        return self.keys[layer], self.values[layer]
 
 
 class RecordingLayerCache:

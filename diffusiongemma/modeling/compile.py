@@ -1,4 +1,7 @@
-"""torch.compile for the decoder layers: every layer's work compiled, the KV-cache write left eager.
+"""torch.compile for the model: the decoder layers piece by piece (`compile_layers`), or the whole denoising pass as
+one fixed-shape graph (`DenoisePass`).
+
+## compile_layers
 
 A layer runs four pieces; `compile_layers` compiles each of them, per layer instance:
 
@@ -18,11 +21,28 @@ canvas), so the pieces are compiled with `dynamic=True`: one graph per piece, la
 Sizes 0 and 1 stay specialized (batch 1 and batch > 1 are separate graphs), and so is grad mode (calling the model
 outside `torch.no_grad()` compiles a second, differentiable set). `attend` compiles with duck shaping off: the first
 encoder pass has an empty cache (KV == T), and a graph that assumed KV == T would recompile on the second canvas.
+(`DenoisePass` below needs no such switch: its shapes are static.)
 Its graphs also depend on whether the cached keys are contiguous, which they are when the view fills its buffer
 exactly (the last canvas of a call); so the first time `attend` meets a new kind of input it also runs once on a copy
 in the other layout, and both graphs exist before the second canvas.
 
-Legend: B batch, T tokens in this pass, KV keys attended, H hidden, N query heads, K kv heads, D head dim.
+## DenoisePass
+
+`DenoisePass(model)(canvas, cache, soft, keep)` is decoder + LM head over the canvas, compiled with
+`torch.compile(fullgraph=True, dynamic=False)`: one graph, no graph break, and no recompile across steps and canvases.
+It reads the cache through `cache.static_view()` (modeling/cache.py): the canvas keys/values go to the device-side
+slots S_t + [0, L), attention reads all C slots under a mask built from S_t (masks.build_static_decoder_masks), so
+
+    canvas [B, L], keys/values [B, K, C, D] per layer, S_t [], soft [B, L, H], keep [B, C] -> logits [B, L, V] fp32
+
+have the same shapes and addresses at every step and canvas. What selects a graph (the bucket) is what the shapes
+are made of: B, L, C, dtype, device, and whether a padding vector is passed; a missing self-conditioning input is
+replaced by zeros, which gives exactly the first-step embedding (spec C.9: the MLP of zeros is 0), so steps 1 and 2
+share the graph. With mode="reduce-overhead" the buffers are marked static addresses and the pass replays as a
+CUDA graph; a new cache (another generate call) then records a graph for its own buffers.
+
+Legend: B batch, T tokens in this pass, KV keys attended, H hidden, N query heads, K kv heads, D head dim,
+L canvas length, C cache capacity, V vocab.
 """
 
 from typing import Callable
@@ -30,6 +50,8 @@ from typing import Callable
 import torch
 import torch.fx.experimental._config as shape_config
 from torch import nn
+
+from .cache import BlockDiffusionCache, StaticCacheView
 
 PIECES = (  # (path from the layer to the module, method name)
     ("input_layernorm", "forward"),
@@ -47,7 +69,11 @@ def _layers(model: nn.Module) -> nn.ModuleList:
 
 
 def without_duck_shapes(fn: Callable) -> Callable:
-    """`fn` called with dynamo's duck shaping off, so sizes that happen to be equal get separate symbols."""
+    """`fn` called with dynamo's duck shaping off, so sizes that happen to be equal get separate symbols.
+
+    TODO(issue 24): process-wide while `fn` runs. Marking KV dynamic on the tensors (`maybe_mark_dynamic`) is not
+    enough: the cached keys' strides are still duck-shaped and the second canvas recompiles `attend` on a stride guard.
+    """
 
     def call(*args):
         previous = shape_config.use_duck_shape
@@ -158,3 +184,64 @@ def compile_layers(
             setattr(module, name, compiled_piece(name, getattr(module, name), mode, dynamic, backend))
     model._compiled_layers = settings
     return model
+
+
+class DenoisePass:
+    """Decoder over the canvas + LM head as one compiled, fixed-shape graph per bucket (see the module docstring).
+
+    Args:
+        model: a `DiffusionGemmaForBlockDiffusion`.
+        mode: `torch.compile` mode: None, "reduce-overhead" (CUDA graphs) or "max-autotune-no-cudagraphs".
+        backend: `torch.compile` backend: "inductor", "aot_eager", "eager" or a callable (tests count graphs).
+        compile: False runs the same fixed-shape pass eagerly (the reference for the compiled one).
+
+    Call it once per denoising step: `logits = pass_fn(canvas, cache, soft, keep)`.
+    """
+
+    def __init__(self, model: nn.Module, mode: str | None = None, backend: str | Callable = "inductor",
+                 compile: bool = True):
+        self.model = model
+        self.mode = mode
+        self._zeros: dict = {}  # (shape, dtype, device) -> the stand-in for a missing self-conditioning input
+        self._fn = self.eager_pass
+        if compile:
+            self._fn = torch.compile(self.eager_pass, fullgraph=True, dynamic=False, mode=mode, backend=backend)
+
+    def eager_pass(self, canvas: torch.Tensor, keys: tuple, values: tuple, length: torch.Tensor,
+                   soft: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+        """The traced function: tensors in, logits [B, L, V] fp32 out; the canvas keys/values land in `keys`/`values`."""
+        view = StaticCacheView(list(keys), list(values), length)
+        hidden = self.model.denoise(canvas, view, soft, keep=keep)  # [B, L, H]
+        return self.model.head(hidden)  # [B, L, V] fp32
+
+    def __call__(self, canvas: torch.Tensor, cache: BlockDiffusionCache, soft: torch.Tensor | None = None,
+                 keep: torch.Tensor | None = None) -> torch.Tensor:
+        """One denoising pass: canvas [B, L] at slots [S, S+L) of `cache` -> logits [B, L, V] fp32.
+
+        Args:
+            canvas: [B, L] token ids.
+            cache: a `BlockDiffusionCache` holding the committed prefix, its capacity reserved (`reserve`) and its
+                buffers written by an encoder pass; the pass writes only the canvas slots and never advances it.
+            soft: self-conditioning input [B, L, H] (`soft_embedding`), or None on the first step.
+            keep: [B, slots] bool padding vector (slots >= S; cut or extended to the capacity), or None.
+        Returns:
+            logits [B, L, V] fp32, soft-capped (what `model.head(model.denoise(...))` returns).
+        """
+        view = cache.static_view()
+        if soft is None:
+            B, L = canvas.shape
+            dtype = self.model.get_decoder().embed_tokens.weight.dtype
+            key = (B, L, dtype, canvas.device)
+            if key not in self._zeros:
+                self._zeros[key] = torch.zeros(B, L, self.model.config.text_config.hidden_size, dtype=dtype,
+                                               device=canvas.device)
+            soft = self._zeros[key]
+        if self.mode == "reduce-overhead":  # CUDA graphs replay at fixed addresses: mutated inputs must be static ones
+            for t in (*view.keys, *view.values, view.length):
+                torch._dynamo.mark_static_address(t)
+        return self._fn(canvas, tuple(view.keys), tuple(view.values), view.length, soft, keep)
+
+def compiled_denoise_pass(model: nn.Module, mode: str | None = None, backend: str | Callable = "inductor"
+                          ) -> DenoisePass:
+    """`DenoisePass(model, mode, backend)`: the compiled denoising pass, `pass_fn(canvas, cache, soft, keep)`."""
+    return DenoisePass(model, mode=mode, backend=backend)

@@ -9,7 +9,14 @@ finished mask.
 Slots: the KV cache stores token t of the sequence at slot t (left padding included, positions equal slots), and the
 canvas being denoised sits in the slots right after the committed prefix.
 
-Legend: B batch, Q queries in this pass, KV keys attended, S committed (cached) length, W sliding window.
+Denoising passes have two mask builders. `build_decoder_masks` (exact, eager default) sizes each layer's key view on
+the host, [kv_start, S+L), and gives no mask where nothing is hidden, as the reference does. `build_static_decoder_masks`
+(the compiled pass, cache.py's `StaticCacheView`) keys every layer over the whole capacity [0, C) and hides, from the
+device-side S, the slots past the canvas and the cached slots a sliding layer dropped: the mask is [B, 1, L, C]
+whatever S is, so the pass keeps its shapes from step to step and canvas to canvas.
+
+Legend: B batch, Q queries in this pass, KV keys attended, S committed (cached) length, W sliding window,
+L canvas length, C cache capacity (slots).
 """
 
 from bisect import bisect_left
@@ -243,6 +250,69 @@ def build_decoder_masks(
             mods.append(symmetric_window(shape.sliding_window - 1, cached, kv0))
         mask = materialize(and_masks(*mods), batch, canvas_length, kv1 - kv0, device, backend) if mods else None
         out[layer_type] = LayerMask(kv0, kv1, mask)
+    return out
+
+
+def fit_keep(keep: torch.Tensor, capacity: int) -> torch.Tensor:
+    """keep [B, slots] -> [B, C]: cut at the capacity, or extended with True (slots past the padding vector)."""
+    B, slots = keep.shape
+    if slots >= capacity:
+        return keep[:, :capacity]
+    return torch.cat([keep, keep.new_ones(B, capacity - slots)], dim=1)
+
+
+def static_decoder_window(shape: LayerShape, cached: torch.Tensor, canvas_length: int, window: str) -> MaskMod:
+    """What a denoising query may see in a static pass, over cache slots [0, C) (kv_slot0 = 0, q_slot0 = S).
+
+    The same sets as `build_decoder_masks`: the canvas [S, S+L) and, for full layers, every cached slot; for sliding
+    layers only the last W-1 cached slots (spec C.10); window="symmetric" also requires |q - k| <= W-1 there. Slots
+    at or past S+L (not written yet) are never visible. `cached` is S as a [] device tensor.
+    """
+    W = shape.sliding_window
+
+    def mod(b, h, q, kv):
+        visible = kv < cached + canvas_length
+        if shape.is_sliding:
+            visible = visible & (kv > cached - W)  # kv >= S - (W-1)
+            if window == "symmetric":
+                visible = visible & ((q + cached) - kv).abs().le(W - 1)
+        return visible
+
+    return mod
+
+
+def build_static_decoder_masks(
+    shapes: dict[str, LayerShape],
+    cached: torch.Tensor,
+    canvas_length: int,
+    capacity: int,
+    keep: torch.Tensor | None,
+    batch: int,
+    device: torch.device,
+    backend: str = "sdpa",
+    window: str = "reference",
+) -> dict[str, LayerMask]:
+    """Masks of fixed shape for a denoising pass over a static cache: canvas [S, S+L) against all C slots.
+
+    Args:
+        cached: S, the committed slots, as a [] long tensor on the device (`BlockDiffusionCache.length_t`): nothing
+            here reads it on the host, so a compiled pass neither syncs nor specializes on it.
+        capacity: C, the slots of the cache buffers (every layer's key view).
+        keep: [B, slots] bool padding vector (False: padding, hidden from every query); None for no padding. Only
+            cached slots (< S) are masked by it, as in `build_decoder_masks`.
+    Returns:
+        per layer type, `LayerMask(0, C, mask)`: bool [B, 1, L, C] for sdpa/eager, a `BlockMask` for flex.
+    """
+    if window not in DECODER_WINDOWS:
+        raise ValueError(f"decoder window must be one of {DECODER_WINDOWS}, got {window!r}")
+    padded = fit_keep(keep, capacity) if keep is not None else None  # [B, C]
+    out = {}
+    for layer_type, shape in shapes.items():
+        mods = [static_decoder_window(shape, cached, canvas_length, window)]
+        if padded is not None:
+            mods.append(or_masks(key_padding(padded, 0), lambda b, h, q, kv: kv >= cached))
+        mask = materialize(and_masks(*mods), batch, canvas_length, capacity, device, backend)
+        out[layer_type] = LayerMask(0, capacity, mask)
     return out
 
 

@@ -127,9 +127,10 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         """Our backend ("eager", "sdpa" or "flex") for `config._attn_implementation`; anything else is a ValueError."""
         return attention_backend_for(getattr(self.config, "_attn_implementation", None))
 
-    def new_cache(self) -> BlockDiffusionCache:
-        """An empty KV cache for `forward(..., past_key_values=...)` or `generate`."""
-        return self.get_decoder().new_cache()
+    def new_cache(self, capacity: int = 0) -> BlockDiffusionCache:
+        """An empty KV cache for `forward(..., past_key_values=...)` or `generate`, with `capacity` static slots per
+        layer (0: sized by `reserve` or by the first write; see modeling/cache.py)."""
+        return self.get_decoder().new_cache(capacity)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Post-norm hidden [B, L, H] -> logits [B, L, V] fp32, soft-capped in fp32 (spec C.8)."""

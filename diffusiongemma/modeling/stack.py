@@ -1,6 +1,9 @@
 """The one text stack, used in two modes: `encode` (causal, writes the cache) and `denoise` (bidirectional canvas).
 
-Legend: B batch, T tokens of an encoder pass, L canvas length, S committed slots, H hidden, V vocab.
+`denoise` reads the cache it is given: a `BlockDiffusionCache` (exact views sized on the host, the eager default) or a
+`StaticCacheView` (whole capacity, S on the device, every shape fixed: the compiled pass, modeling/compile.py).
+
+Legend: B batch, T tokens of an encoder pass, L canvas length, S committed slots, C cache capacity, H hidden, V vocab.
 """
 
 from dataclasses import replace
@@ -10,11 +13,12 @@ from torch import nn
 
 from .attention import PassContext
 from .blocks import RMSNorm, ScaledEmbedding, SelfConditioning
-from .cache import BlockDiffusionCache, RecordingLayerCache, RowCache
+from .cache import BlockDiffusionCache, RecordingLayerCache, RowCache, StaticCacheView
 from .config import DiffusionGemmaTextConfig, encoder_is_causal, layer_shape
 from .layers import DiffusionGemmaLayer
 from .host import device_tensor, to_device
-from .masks import PaddingSlots, build_decoder_masks, build_encoder_masks, build_row_masks
+from .masks import (PaddingSlots, build_decoder_masks, build_encoder_masks, build_row_masks,
+                    build_static_decoder_masks)
 from .rope import rope_cos_sin, rope_inv_freq
 from .vision import scatter_images
 
@@ -41,8 +45,8 @@ class DiffusionGemmaTextStack(nn.Module):
         # semantics switch (docs/reference-accuracy.md): "symmetric" gives denoising passes the |q - k| <= W-1 window
         self.decoder_window = getattr(config, "decoder_window", "reference")
 
-    def new_cache(self) -> BlockDiffusionCache:
-        return BlockDiffusionCache(self.shapes)
+    def new_cache(self, capacity: int = 0) -> BlockDiffusionCache:
+        return BlockDiffusionCache(self.shapes, capacity)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> dict:
         """positions [B or 1, T] -> per layer type (cos, sin) [B or 1, T, D].
@@ -148,7 +152,7 @@ class DiffusionGemmaTextStack(nn.Module):
     def denoise(
         self,
         canvas: torch.Tensor,
-        cache: BlockDiffusionCache,
+        cache: BlockDiffusionCache | StaticCacheView,
         soft_embeddings: torch.Tensor | None = None,
         keep: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
@@ -158,22 +162,29 @@ class DiffusionGemmaTextStack(nn.Module):
         """Decoder mode: canvas ids [B, L] at slots [S, S+L), bidirectional, reads the cache without committing.
 
         Args:
+            cache: a `BlockDiffusionCache` (keys viewed as [kv_start, S+L), sized on the host: the exact path) or its
+                `static_view()` (keys over the whole capacity [0, C), masked from S on the device: fixed shapes).
             soft_embeddings: self-conditioning input [B, L, H] (see `soft_embedding`), or None on the first step.
-            keep: [B, >= S] bool padding vector over the cached slots; None for no padding. Where it has padding is
-                read to the host once per vector and remembered on the cache (`PaddingSlots`), so the passes of a
-                generate call after the first make no host sync.
+            keep: [B, >= S] bool padding vector over the cached slots; None for no padding. Exact path: where it has
+                padding is read to the host once per vector and remembered on the cache (`PaddingSlots`), so the
+                passes of a generate call after the first make no host sync. Static path: always a mask, no read.
         Returns:
             post-norm hidden states [B, L, H].
         """
         B, L = canvas.shape
-        S = cache.length
+        S = cache.length  # host int, or [] device tensor for a static view
         if positions is None:
-            positions = torch.arange(S, S + L, device=canvas.device)[None]
+            positions = (S + torch.arange(L, device=canvas.device))[None]  # [1, L]
         x = self.self_conditioning(self.embed_tokens(canvas), soft_embeddings)  # [B, L, H]
-        padding = None
-        if keep is not None:
-            padding = cache.padding = PaddingSlots.of(keep, getattr(cache, "padding", None))
-        masks = build_decoder_masks(self.type_shapes, S, L, padding, B, canvas.device, backend, self.decoder_window)
+        if isinstance(cache, StaticCacheView):
+            masks = build_static_decoder_masks(self.type_shapes, S, L, cache.capacity, keep, B, canvas.device, backend,
+                                               self.decoder_window)  # [B, 1, L, C] per layer type
+        else:
+            padding = None
+            if keep is not None:
+                padding = cache.padding = PaddingSlots.of(keep, getattr(cache, "padding", None))
+            masks = build_decoder_masks(self.type_shapes, S, L, padding, B, canvas.device, backend,
+                                        self.decoder_window)
         ctx = PassContext(self._rope(positions, x.dtype), masks, cache, False, backend)
         scalars = [layer.layer_scalar for layer in self.layers]
         return self._run(x, ctx, scalars, collect)
