@@ -12,6 +12,7 @@ rather than letting the pipeline retry with transformers' built-in class.
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
 
 from .accuracy import Trace, load_trace
+from .constraints import ConstraintError, JsonSchema, Regex
 from .generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig
 from .modeling import (
     BlockDiffusionCache,
@@ -31,6 +32,7 @@ AutoProcessor.register(DiffusionGemmaConfig, DiffusionGemmaProcessor, exist_ok=T
 __version__ = "0.1.0"
 __all__ = [
     "BlockDiffusionCache",
+    "ConstraintError",
     "DiffusionGemmaConfig",
     "DiffusionGemmaForBlockDiffusion",
     "DiffusionGemmaGenerationConfig",
@@ -38,7 +40,9 @@ __all__ = [
     "DiffusionGemmaProcessor",
     "DiffusionGemmaTextConfig",
     "EntropyBoundSamplerConfig",
+    "JsonSchema",
     "PipelineLoadError",
+    "Regex",
     "Trace",
     "load_processor",
     "load_trace",
