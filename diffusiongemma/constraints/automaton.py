@@ -18,7 +18,6 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from .errors import ConstraintError
@@ -109,9 +108,9 @@ def index_transitions(regex: str, spelled: list[bytes | None], sentinel: int, de
 
 
 def dense_table(transitions: dict, initial: int, finals: set, vocab_size: int, sentinel: int, eos_ids: list[int],
-                pad_id: int | None, description: str) -> tuple[np.ndarray, np.ndarray, int]:
-    """The [S, V] int32 table over the states that can still reach an accepting one, DONE appended; and
-    accepting [S] bool and the initial state, renumbered.
+                pad_id: int | None, description: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The [S, V] int32 table over the states that can still reach an accepting one (the initial state first, DONE
+    appended) and accepting [S] bool.
 
     Raises:
         ConstraintError: no answer satisfies the constraint.
@@ -134,47 +133,38 @@ def dense_table(transitions: dict, initial: int, finals: set, vocab_size: int, s
     order = [initial] + sorted(live - {initial})
     number = {s: i for i, s in enumerate(order)}
     S, done = len(order) + 1, len(order)
-    table = np.full((S, vocab_size), -1, dtype=np.int32)
+    table = torch.full((S, vocab_size), -1, dtype=torch.int32)
     for s in order:
         row = {t: number[n] for t, n in edges[s].items() if n in number and t < vocab_size}
         if row:
-            table[number[s], np.fromiter(row.keys(), np.int64, len(row))] = np.fromiter(row.values(), np.int32,
-                                                                                          len(row))
-    accepting = np.zeros(S, dtype=bool)
+            table[number[s], torch.tensor(list(row.keys()))] = torch.tensor(list(row.values()), dtype=torch.int32)
+    accepting = torch.zeros(S, dtype=torch.bool)
     accepting[[number[s] for s in finals if s in number]] = True
-    ends = [e for e in eos_ids] + ([pad_id] if pad_id is not None else [])
-    ends = [e for e in ends if 0 <= e < vocab_size]
+    ends = [e for e in list(eos_ids) + ([pad_id] if pad_id is not None else []) if 0 <= e < vocab_size]
     if ends:
-        table[np.ix_(np.flatnonzero(accepting), ends)] = done
+        table[accepting.nonzero()[:, 0][:, None], torch.tensor(ends)[None]] = done
     if pad_id is not None and 0 <= pad_id < vocab_size:
         table[done, pad_id] = done
     accepting[done] = True
-    return table, accepting, 0
+    return table, accepting
 
 
-def factorize(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def factorize(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[S, V] -> (class_table [S, C], token_class [V]) with table == class_table[:, token_class]: the distinct
-    columns. Hash the columns first (one matrix-vector product), and check; fall back to the exact unique on a
-    hash collision."""
-    weights = np.random.default_rng(0).integers(1, 2**61, size=table.shape[0], dtype=np.int64)
-    with np.errstate(over="ignore"):
-        keys = (table.astype(np.int64) + 1).T @ weights  # [V], wraps around
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    class_table = table[:, first]
-    if not np.array_equal(class_table[:, inverse], table):
-        columns, inverse = np.unique(table.T, axis=0, return_inverse=True)
-        class_table = columns.T
-    return np.ascontiguousarray(class_table), inverse.reshape(-1)
+    columns (a column is what a token does in every state)."""
+    columns, token_class = torch.unique(table.T, dim=0, return_inverse=True)  # [C, S], [V]
+    return columns.T.contiguous().long(), token_class.long()
 
 
-def distances(class_table: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+def distances(class_table: torch.Tensor, accepting: torch.Tensor) -> torch.Tensor:
     """[S] the fewest tokens from each state to an accepting one (Bellman-Ford over the classes)."""
-    big = np.iinfo(np.int64).max // 4
-    dist = np.where(accepting, 0, big)
+    big = 1 << 40
+    dist = torch.where(accepting, 0, big)
+    allowed = class_table >= 0
     for _ in range(class_table.shape[0]):
-        reach = np.where(class_table >= 0, dist[np.maximum(class_table, 0)] + 1, big).min(axis=1)
-        new = np.minimum(dist, reach)
-        if np.array_equal(new, dist):
+        reach = torch.where(allowed, dist[class_table.clamp_min(0)] + 1, big).amin(dim=1)
+        new = torch.minimum(dist, reach)
+        if torch.equal(new, dist):
             break
         dist = new
     return dist
@@ -191,18 +181,15 @@ def build_automaton(constraint, tokenizer, vocab_size: int, eos_ids: list[int], 
             spelled[token_id] = None  # EOS and pad end an answer; they never spell part of it
     sentinel = max(vocab_size, len(spelled))  # outlines' EOS: an id no token has, stripped again
     transitions, initial, finals = index_transitions(regex, spelled, sentinel, description)
-    table, accepting, start = dense_table(transitions, initial, finals, vocab_size, sentinel, eos_ids, pad_id,
-                                          description)
+    table, accepting = dense_table(transitions, initial, finals, vocab_size, sentinel, eos_ids, pad_id, description)
     class_table, token_class = factorize(table)
-    src, cls = np.nonzero(class_table >= 0)
-    class_token = np.zeros(class_table.shape[1], dtype=np.int64)
-    class_token[token_class[::-1]] = np.arange(vocab_size)[::-1]  # the first token of each class
-    as_long = lambda a: torch.as_tensor(np.ascontiguousarray(a), dtype=torch.long)  # noqa: E731
+    src, cls = (class_table >= 0).nonzero(as_tuple=True)
+    class_token = torch.full((class_table.shape[1],), vocab_size, dtype=torch.long).scatter_reduce_(
+        0, token_class, torch.arange(vocab_size), "amin")  # the first token of each class
     return TokenAutomaton(
-        token_class=as_long(token_class), class_table=as_long(class_table), initial=start, done=table.shape[0] - 1,
-        accepting=torch.as_tensor(accepting), distance=as_long(distances(class_table, accepting)),
-        src=as_long(src), cls=as_long(cls), dst=as_long(class_table[src, cls]), class_token=as_long(class_token),
-        description=description,
+        token_class=token_class, class_table=class_table, initial=0, done=table.shape[0] - 1, accepting=accepting,
+        distance=distances(class_table, accepting), src=src, cls=cls, dst=class_table[src, cls],
+        class_token=class_token, description=description,
     )
 
 
