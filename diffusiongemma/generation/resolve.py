@@ -271,11 +271,12 @@ def resolve_constraint(constraint, tokenizer, config, vocab_size: int, eos) -> T
     """The compiled constraint (cached per constraint and tokenizer), or None without one."""
     if constraint is None:
         return None
-    if config.pad_token_id is None:
-        raise ValueError("`constraint` needs a `pad_token_id`: after an answer ends (EOS), the rest of its canvas is "
-                         "padding")
+    pad = config.pad_token_id if config.pad_token_id is not None else getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        raise ValueError("`constraint` needs a `pad_token_id` (from the generation config or the tokenizer): after "
+                         "an answer ends, the rest of its canvas is padding")
     eos_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []
-    return compile_constraint(constraint, tokenizer, vocab_size, eos_ids, config.pad_token_id)
+    return compile_constraint(constraint, tokenizer, vocab_size, eos_ids, pad)
 
 
 def prompt_lengths(attention_mask: torch.Tensor | None, batch: int, width: int) -> list[int]:

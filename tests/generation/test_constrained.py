@@ -128,9 +128,15 @@ def test_errors(model):
         model.generate(ids, constraint=Regex("a+"), max_new_tokens=16, **KW)
     with pytest.raises(TypeError, match="`constraint` must be"):
         model.generate(ids, constraint="a+", tokenizer=TOK, max_new_tokens=16, **KW)
+    no_pad = tiny_tokenizer()
+    no_pad.pad_token = None
     with pytest.raises(ValueError, match="needs a `pad_token_id`"):
-        model.generate(ids, constraint=Regex("a+"), tokenizer=TOK, max_new_tokens=16, max_denoising_steps=2,
+        model.generate(ids, constraint=Regex("a+"), tokenizer=no_pad, max_new_tokens=16, max_denoising_steps=2,
                        pad_token_id=None)
+    # the tokenizer's pad id stands in for a generation config without one
+    out = model.generate(ids, constraint=Regex("a{3}"), tokenizer=TOK, max_new_tokens=16, max_denoising_steps=2,
+                         pad_token_id=None, eos_token_id=1)
+    assert answers(out, 5) == ["aaa"]
     with pytest.raises(ConstraintError, match="unsupported keyword 'minimum'"):
         model.generate(ids, constraint=JsonSchema({"type": "integer", "minimum": 0}), tokenizer=TOK, **KW)
     with pytest.raises(ConstraintError, match="cannot spell"):
