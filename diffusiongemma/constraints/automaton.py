@@ -38,6 +38,7 @@ class TokenAutomaton:
         src / cls / dst: [E] long, every allowed (state, class) pair and where it leads: the Viterbi edges.
         class_token: [C] long, one token of each class (a fallback when all of a class' logits are -inf).
         description: the constraint, for messages.
+        pad_id: the padding id (the only token DONE allows), or None.
     """
 
     token_class: torch.Tensor
@@ -51,6 +52,7 @@ class TokenAutomaton:
     dst: torch.Tensor
     class_token: torch.Tensor
     description: str
+    pad_id: int | None = None
 
     @property
     def num_states(self) -> int:
@@ -71,7 +73,8 @@ class TokenAutomaton:
             return self
         moved = {name: getattr(self, name).to(device) for name in
                  ("token_class", "class_table", "accepting", "distance", "src", "cls", "dst", "class_token")}
-        return TokenAutomaton(initial=self.initial, done=self.done, description=self.description, **moved)
+        return TokenAutomaton(initial=self.initial, done=self.done, description=self.description, pad_id=self.pad_id,
+                              **moved)
 
     def walk(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """states [R] long, tokens [R, N] -> the state after each row's tokens [R]; -1 once a token is not allowed
@@ -190,6 +193,7 @@ def build_automaton(constraint, tokenizer, vocab_size: int, eos_ids: list[int], 
         token_class=token_class, class_table=class_table, initial=0, done=table.shape[0] - 1, accepting=accepting,
         distance=distances(class_table, accepting), src=src, cls=cls, dst=class_table[src, cls],
         class_token=class_token, description=description,
+        pad_id=pad_id if pad_id is not None and 0 <= pad_id < vocab_size else None,
     )
 
 

@@ -36,13 +36,14 @@ class ConstraintGuide:
     Args:
         automaton: the compiled constraint.
         canvas_length: L.
-        num_canvases: the canvases each row may generate (its `max_new_tokens` budget, in canvases).
+        max_new_tokens: each row's budget: its answer ends within this many tokens, then only padding follows
+            (in the last canvas, positions past the budget prefer pad).
         project_canvas: also mask the step's logits to the best path's allowed tokens (see the module doc).
     """
 
     automaton: TokenAutomaton
     canvas_length: int
-    num_canvases: int
+    max_new_tokens: int
     project_canvas: bool = True
     rows: dict = field(default_factory=dict)  # row id -> RowState
 
@@ -67,9 +68,12 @@ class ConstraintGuide:
         return torch.stack(states)
 
     def tokens_left(self, row_ids: list, position_offsets: list[int]) -> list[int]:
-        """Each row's token budget after its current canvas."""
-        L = self.canvas_length
-        return [self.rows[r].first + self.num_canvases * L - (o + L) for r, o in zip(row_ids, position_offsets)]
+        """Each row's budget at the start of its current canvas (tokens it may still generate)."""
+        return [self.rows[r].first + self.max_new_tokens - o for r, o in zip(row_ids, position_offsets)]
+
+    def forget(self, row_id) -> None:
+        """Drop a finished row's state (the server's rows come and go)."""
+        self.rows.pop(row_id, None)
 
     def project(self, logits: torch.Tensor, sequences, row_ids: list, position_offsets: list[int]
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,10 +81,18 @@ class ConstraintGuide:
         path [B', L], the argmax canvas the constraint accepts)."""
         automaton = self.automaton.to(logits.device)
         self.automaton = automaton
+        L = logits.shape[1]
         start = self.start_states(sequences, row_ids, position_offsets, logits.device)  # [B']
-        left = torch.tensor(self.tokens_left(row_ids, position_offsets), device=logits.device)  # host -> device
-        end_ok = automaton.distance[None] <= left[:, None]  # [B', S] the rest of the answer still fits
-        path, states, _ = constrained_path(logits, automaton, start, end_ok)
+        left = self.tokens_left(row_ids, position_offsets)  # host ints
+        after = torch.tensor([max(n - L, 0) for n in left], device=logits.device)  # [B'] budget after this canvas
+        end_ok = automaton.distance[None] <= after[:, None]  # [B', S] the rest of the answer still fits
+        scores = logits
+        if min(left) < L and automaton.pad_id is not None:  # past the budget only pad (at any cost otherwise)
+            past = torch.arange(L, device=logits.device)[None] >= torch.tensor(left, device=logits.device)[:, None]
+            scores = logits.masked_fill(past[:, :, None], float("-inf"))  # [B', L, V]
+            scores[:, :, automaton.pad_id] = torch.where(past, 0.0, logits[:, :, automaton.pad_id])
+        path, states, _ = constrained_path(scores, automaton, start, end_ok)
+        del scores
         if self.project_canvas:
             logits.masked_fill_(~allowed_mask(automaton, states), float("-inf"))
         return logits, path

@@ -44,7 +44,7 @@ def plan_for(model, run: GenerationRun) -> Plan:
         temperatures=temperature_schedule(config.max_denoising_steps, config.t_min, config.t_max,
                                           run.input_ids.device),
         processors=run.processors, soft_embed=soft_embedder(model.get_decoder(), exact_reference=not run.fast),
-        constraint=(ConstraintGuide(run.automaton, model.canvas_length, run.num_canvases)
+        constraint=(ConstraintGuide(run.automaton, model.canvas_length, run.max_new_tokens)
                     if run.automaton is not None else None),
     )
 
@@ -270,8 +270,9 @@ def flag_truncated(out, run: GenerationRun, canvas_length: int):
     if run.automaton is None:
         return out
     sequences = out if isinstance(out, torch.Tensor) else out.sequences
-    guide = ConstraintGuide(run.automaton, canvas_length, run.num_canvases)
-    truncated = ~guide.complete(sequences[:, run.input_ids.shape[1]:])  # [B]
+    guide = ConstraintGuide(run.automaton, canvas_length, run.max_new_tokens)
+    start = run.input_ids.shape[1]
+    truncated = ~guide.complete(sequences[:, start : start + run.max_new_tokens])  # [B] within the budget
     rows = [b for b, t in enumerate(truncated.tolist()) if t]
     if rows:
         logger.warning(f"max_new_tokens ran out before the {run.automaton.description} answer was complete in rows "

@@ -169,6 +169,7 @@ class GenerationRun:
     constraint: object = None  # the user's `Regex` / `JsonSchema`, or None
     tokenizer: object = None  # the tokenizer it was compiled over
     automaton: TokenAutomaton | None = None  # the compiled constraint (constraints/automaton.py)
+    max_new_tokens: int = 0  # the resolved budget (the output holds num_canvases whole canvases)
 
     @property
     def fast(self) -> bool:
@@ -264,6 +265,7 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
         past_key_values=past_key_values, trace_top_k=trace_width, trace_sc_embedding=bool(trace_sc_embedding),
         images=images, position_offsets=tuple(prompt_lengths(attention_mask, B, cur_len)),
         constraint=constraint if automaton is not None else None, tokenizer=tokenizer, automaton=automaton,
+        max_new_tokens=max_new_tokens,
     )
 
 

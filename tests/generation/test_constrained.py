@@ -83,6 +83,16 @@ def test_answers_span_canvases(model):
     assert max(lengths) > 16
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: "-".join(str(v) for v in m.values()))
+def test_answer_ends_within_max_new_tokens(model, mode):
+    # 20 new tokens = two 16-token canvases: the answer ends by token 20, padding after it
+    out = run(model, Regex(r"[a-z]{3,40}"), mode, 0, rows=3, max_new_tokens=20)
+    new = out.sequences[:, 5:]
+    assert new.shape[1] == 32 and bool((new[:, 20:] == 0).all())
+    assert not bool(out.truncated.any())
+    assert all(re.fullmatch(r"[a-z]{3,40}", t) for t in answers(out, 5))
+
+
 def test_lockstep_chunks(model):
     out = model.generate(prompts(5, 0), constraint=Regex(REGEXES[0]), tokenizer=TOK, max_new_tokens=32, seed=0,
                          sampling="fast", batching="lockstep", max_batch_size=2, **KW)
