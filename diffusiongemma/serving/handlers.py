@@ -17,11 +17,13 @@ from typing_extensions import TypedDict  # the base classes are typing_extension
 from fastapi import HTTPException
 from fastapi.responses import Response
 from transformers.cli.serving.chat_completion import (
+    UNUSED_CHAT_COMPLETION_FIELDS,
     ChatCompletionHandler,
     TransformersCompletionCreateParamsStreaming,
 )
 from transformers.cli.serving.completion import CompletionHandler, TransformersTextCompletionCreateParams
 
+from .constraint_fields import request_constraint
 from .scheduler import QueueFull
 from .settings import BadRequestField, request_settings
 from .streamer import DraftText
@@ -38,6 +40,7 @@ class DiffusionSettingFields(TypedDict, total=False):
     confidence_threshold: float
     sampling: str
     stream_drafts: bool
+    regex: str  # the answer fully matches it (constraint_fields.py)
 
 
 class DiffusionFields(TransformersCompletionCreateParamsStreaming, DiffusionSettingFields, total=False):
@@ -45,7 +48,9 @@ class DiffusionFields(TransformersCompletionCreateParamsStreaming, DiffusionSett
 
 
 class DiffusionTextFields(TransformersTextCompletionCreateParams, DiffusionSettingFields, total=False):
-    """Legacy completion request fields plus the diffusion settings."""
+    """Legacy completion request fields plus the diffusion settings (and `response_format`, as for chat)."""
+
+    response_format: dict
 
 
 def draft_field(draft: DraftText) -> dict:
@@ -90,7 +95,9 @@ class DiffusionHandlerMixin:
     """The parts both handlers override (see the module docstring)."""
 
     def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
-        return request_settings(body, model_generation_config)  # BadRequestField: 400 (`openai_errors`)
+        settings = request_settings(body, model_generation_config)  # BadRequestField: 400 (`openai_errors`)
+        settings.constraint, settings.constraint_field = request_constraint(body)  # compiled at submission
+        return settings
 
     async def _non_streaming(self, *args, **kwargs):
         compute = super()._non_streaming
@@ -101,6 +108,7 @@ class DiffusionChatHandler(DiffusionHandlerMixin, ChatCompletionHandler):
     """`/v1/chat/completions` for block diffusion."""
 
     _valid_params_class = DiffusionFields
+    _unused_fields = UNUSED_CHAT_COMPLETION_FIELDS - {"response_format"}  # honoured (constraint_fields.py)
 
     def _build_chunk_sse(self, request_id: str = "", content=None, model=None, **kwargs) -> str:
         if isinstance(content, DraftText):
