@@ -5,8 +5,9 @@ A path's score is the sum over positions of its tokens' log-probabilities. Every
 position, so each position's log-normalizer (and a temperature shared by the row) adds the same amount to every
 path: the logits themselves rank paths exactly as the log-probabilities do, and no softmax is needed.
 
-Work per canvas: one pass over the [B, L, V] logits for each class' best token (`class_maxima`), then L steps over
-the E allowed (state, class) pairs: O(B L V + B L E) time, [B, L, C] + [B, L, S] memory.
+Work per canvas: one pass over the [B, L, V] logits for each class' best logit (`class_maxima`), L steps over the E
+allowed (state, class) pairs, the walk back, and one more pass over the logits for the chosen classes' tokens
+(`class_argmax`): O(B L V + B L E) time, [B, L, E] + [B, L, S] memory besides the logits.
 
 Legend: B rows, L canvas length, V vocab, S automaton states, C token classes, E allowed (state, class) pairs,
 R rows of a block.
@@ -20,27 +21,50 @@ NEG = -1e30  # stands in for -inf so that a forced path through a masked token s
 BLOCK_ELEMENTS = 1 << 22  # rows of logits handled at once in class_maxima: bounds its temporaries
 
 
-def class_maxima(logits: torch.Tensor, automaton: TokenAutomaton) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, L, V] -> (best [B, L, C] fp32: each class' highest logit at each position, token [B, L, C] long:
-    the token holding it; the lowest id on ties)."""
+def class_maxima(logits: torch.Tensor, automaton: TokenAutomaton) -> torch.Tensor:
+    """logits [B, L, V] -> best [B, L, C] fp32: each class' highest logit at each position (-inf and NaN become a
+    finite stand-in, so a path the constraint forces through a masked token still exists)."""
     B, L, V = logits.shape
     C = automaton.num_classes
     flat = logits.reshape(B * L, V)
-    best = flat.new_empty(B * L, C, dtype=torch.float32)
-    token = torch.empty(B * L, C, dtype=torch.long, device=logits.device)
-    ids = torch.arange(V, device=logits.device)
+    best = torch.empty(B * L, C, dtype=torch.float32, device=logits.device)
     rows = max(1, BLOCK_ELEMENTS // V)
     for r0 in range(0, B * L, rows):
         x = flat[r0 : r0 + rows].float()  # [R, V]
-        index = automaton.token_class.expand(x.shape[0], V)
-        top = x.new_full((x.shape[0], C), float("-inf")).scatter_reduce_(1, index, x, "amax")  # [R, C]
-        hit = x == top.gather(1, index)  # [R, V] the tokens holding their class' maximum
-        pick = torch.where(hit, V - ids, 0)  # the lowest id wins the amax below
-        first = torch.zeros(x.shape[0], C, dtype=torch.long, device=x.device).scatter_reduce_(1, index, pick, "amax")
-        # a class whose logits are all -inf (or NaN) has no hit: take any of its tokens
-        token[r0 : r0 + rows] = torch.where(first > 0, V - first, automaton.class_token[None])
-        best[r0 : r0 + rows] = top.nan_to_num(nan=NEG).clamp_min(NEG)
-    return best.view(B, L, C), token.view(B, L, C)
+        top = x.new_full((x.shape[0], C), float("-inf")).scatter_reduce_(
+            1, automaton.token_class.expand(x.shape[0], V), x, "amax")  # [R, C]
+        best[r0 : r0 + rows] = top.nan_to_num_(nan=NEG).clamp_min_(NEG)
+    return best.view(B, L, C)
+
+
+def class_argmax(logits: torch.Tensor, automaton: TokenAutomaton, classes: torch.Tensor) -> torch.Tensor:
+    """logits [B, L, V], classes [B, L] -> tokens [B, L]: at each position the most likely token of the class the
+    path chose there (the lowest id on ties; any token of the class when all of its logits are -inf or NaN)."""
+    B, L, V = logits.shape
+    flat, wanted = logits.reshape(B * L, V), classes.reshape(B * L)
+    tokens = torch.empty(B * L, dtype=torch.long, device=logits.device)
+    rows = max(1, BLOCK_ELEMENTS // V)
+    for r0 in range(0, B * L, rows):
+        inside = automaton.token_class[None] == wanted[r0 : r0 + rows, None]  # [R, V]
+        pick = flat[r0 : r0 + rows].float().masked_fill(~inside, float("-inf")).argmax(dim=-1)  # first maximum
+        ok = inside.gather(1, pick[:, None])[:, 0]
+        tokens[r0 : r0 + rows] = torch.where(ok, pick, automaton.class_token[wanted[r0 : r0 + rows]])
+    return tokens.view(B, L)
+
+
+def pack(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """fp32 values and int ids < 2**31 -> int64 keys that order as (value, id): the float's bits made monotone
+    (negative floats have their magnitude bits flipped) in the high half, the id in the low half."""
+    bits = values.contiguous().view(torch.int32)
+    key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return (key.to(torch.int64) << 32) | ids
+
+
+def unpack(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of `pack`: (fp32 values, int64 ids)."""
+    key = (keys >> 32).to(torch.int32)
+    bits = torch.where(key < 0, key ^ 0x7FFFFFFF, key)
+    return bits.view(torch.float32), keys & 0xFFFFFFFF
 
 
 def constrained_path(logits: torch.Tensor, automaton: TokenAutomaton, start: torch.Tensor, end_ok: torch.Tensor
@@ -59,34 +83,32 @@ def constrained_path(logits: torch.Tensor, automaton: TokenAutomaton, start: tor
         position on that path), and reached [B] bool (the path ends in `end_ok`).
     """
     B, L, _ = logits.shape
-    best, token = class_maxima(logits, automaton)  # [B, L, C] each
     S, src, cls, dst = automaton.num_states, automaton.src, automaton.cls, automaton.dst
     E = src.shape[0]
     device = logits.device
+    on_edge = class_maxima(logits, automaton).index_select(2, cls)  # [B, L, E] each edge's best logit per position
     edge_ids = torch.arange(E, device=device)
     score = torch.full((B, S), float("-inf"), device=device)  # [B, S] best path score into each state
     score.scatter_(1, start[:, None], 0.0)
     back = torch.empty(B, L, S, dtype=torch.long, device=device)  # [B, L, S] the best edge into each state
     into = dst.expand(B, E)
+    unreached = pack(torch.full((B, S), float("-inf"), device=device), torch.zeros(B, S, dtype=torch.long,
+                                                                                      device=device))
     for i in range(L):
-        cand = score[:, src] + best[:, i, cls]  # [B, E]
-        new = torch.full((B, S), float("-inf"), device=device).scatter_reduce_(1, into, cand, "amax")
-        win = torch.where((cand == new[:, dst]) & (cand > float("-inf")), edge_ids, -1)  # [B, E]
-        back[:, i] = torch.full((B, S), -1, dtype=torch.long, device=device).scatter_reduce_(1, into, win, "amax")
-        score = new
+        cand = score.index_select(1, src) + on_edge[:, i]  # [B, E]
+        # one scatter gives both the best score into each state and its edge: (score, edge id) packed in int64
+        best = unreached.clone().scatter_reduce_(1, into, pack(cand, edge_ids.expand(B, E)), "amax")  # [B, S]
+        score, back[:, i] = unpack(best)
     final = score.masked_fill(~end_ok, float("-inf"))
     reached = final.amax(dim=-1) > float("-inf")
     final = torch.where(reached[:, None], final, score)  # no way into end_ok: the best reachable state
     state = final.argmax(dim=-1)  # [B]
-    tokens = torch.empty(B, L, dtype=torch.long, device=device)
-    states = torch.empty(B, L, dtype=torch.long, device=device)
+    edges = torch.empty(B, L, dtype=torch.long, device=device)
     rows = torch.arange(B, device=device)
     for i in range(L - 1, -1, -1):  # walk the back-pointers from the end
-        edge = back[rows, i, state].clamp_min(0)  # [B]
-        tokens[:, i] = token[rows, i, cls[edge]]
-        state = src[edge]
-        states[:, i] = state
-    return tokens, states, reached
+        edges[:, i] = back[rows, i, state].clamp_min(0)  # [B]
+        state = src[edges[:, i]]
+    return class_argmax(logits, automaton, cls[edges]), src[edges], reached
 
 
 def allowed_mask(automaton: TokenAutomaton, states: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from conftest import tiny_tokenizer
 
 from diffusiongemma import Regex
 from diffusiongemma.constraints import compile_constraint
-from diffusiongemma.constraints.viterbi import allowed_mask, class_maxima, constrained_path
+from diffusiongemma.constraints.viterbi import allowed_mask, class_argmax, class_maxima, constrained_path
 
 TOK = tiny_tokenizer()
 A, B = TOK.convert_tokens_to_ids(["a", "b"])
@@ -50,13 +50,17 @@ def test_class_maxima_picks_the_best_token_of_each_class():
     a = compile_constraint(Regex(r"[ab]c"), TOK, 128, [EOS], PAD)
     logits = torch.zeros(1, 1, 128)
     logits[0, 0, A], logits[0, 0, B] = 2.0, 3.0
-    best, token = class_maxima(logits, a)
+    best = class_maxima(logits, a)
     klass = int(a.token_class[A])
     assert a.token_class[B] == klass  # a and b behave alike everywhere
-    assert float(best[0, 0, klass]) == 3.0 and int(token[0, 0, klass]) == B
+    assert float(best[0, 0, klass]) == 3.0
+    assert int(class_argmax(logits, a, torch.tensor([[klass]]))[0, 0]) == B
+    logits[0, 0, A] = 3.0  # a tie: the lower id
+    assert int(class_argmax(logits, a, torch.tensor([[klass]]))[0, 0]) == min(A, B)
     # all -inf: a finite stand-in score, and still a token of the class
-    best, token = class_maxima(torch.full((1, 1, 128), float("-inf")), a)
-    assert bool(best.isfinite().all()) and int(a.token_class[token[0, 0, klass]]) == klass
+    empty = torch.full((1, 1, 128), float("-inf"))
+    assert bool(class_maxima(empty, a).isfinite().all())
+    assert int(a.token_class[class_argmax(empty, a, torch.tensor([[klass]]))[0, 0]]) == klass
 
 
 def test_forced_through_masked_tokens_and_unreachable_end():
