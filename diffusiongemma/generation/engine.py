@@ -54,7 +54,7 @@ class StepRows:
     """The B' rows one step samples, all under one `Plan`.
 
     Attributes:
-        hidden: [B', L, H] the decoder's canvas hidden states.
+        hidden: [B', L, H] the decoder's canvas hidden states (None when `logits` is given).
         canvas: [B', L] the canvas the decoder read.
         sequences: the committed tokens processors see: one [B', S'] tensor (lock-step: every row as long), or one
             [S'_b] tensor per row (the row pool; processors then run row by row).
@@ -63,9 +63,10 @@ class StepRows:
         steps_remaining: each row's n (N..1): its temperature and the processors' `cur_step`.
         generators: one `torch.Generator` per row for per-row samplers, else None.
         stop_state: the stopper's state of these rows (batch first), or None.
+        logits: [B', L, V] fp32 the LM head's output, when the caller's pass ran it (the compiled pass), else None.
     """
 
-    hidden: torch.Tensor
+    hidden: torch.Tensor | None
     canvas: torch.Tensor
     sequences: torch.Tensor | list[torch.Tensor]
     row_ids: list[int]
@@ -73,6 +74,7 @@ class StepRows:
     steps_remaining: list[int]
     generators: Sequence[torch.Generator] | None
     stop_state: torch.Tensor | None
+    logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -162,7 +164,7 @@ def denoise_rows(model, plan: Plan, rows: StepRows, keep_logits: bool = False) -
     """
     stack = model.get_decoder()
     # b. LM head for the rows that sample
-    logits = model.head(rows.hidden)  # [B', L, V] fp32
+    logits = rows.logits if rows.logits is not None else model.head(rows.hidden)  # [B', L, V] fp32
     model_bad = model_logits_bad(logits)  # [B'] on the device: read with the stop flags (finite.py)
     # c. user processors first, then the temperature, in place
     processors_bad, empty = None, None
