@@ -15,7 +15,7 @@ from functools import partial
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 
-from ..modeling.compile import compiled_denoise_pass
+from ..modeling.compile import capacity_bucket, compiled_denoise_pass
 from ..modeling.masks import PaddingSlots
 from .batching import generate_in_chunks, generate_mixed
 from .finite import NonFiniteLogitsError, raise_for_faults
@@ -139,7 +139,8 @@ def generate_lockstep(model, run: GenerationRun, streamer, compile_options: dict
     B, P = input_ids.shape
     embed_dtype = model.get_decoder().embed_tokens.weight.dtype
     cache = run.past_key_values if run.past_key_values is not None else model.new_cache()
-    cache.reserve(run.cur_len + run.num_canvases * L)
+    slots = run.cur_len + run.num_canvases * L
+    cache.reserve(capacity_bucket(slots, L) if compile_options is not None else slots)  # compiled: a shared bucket
     if run.keep is not None:  # where the padding is: read to the host once, here, so no step has to
         cache.padding = PaddingSlots.of(run.keep, cache.padding)
     settings = step_settings(model, run, cache, streamer, compile_options)

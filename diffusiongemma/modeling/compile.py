@@ -86,6 +86,13 @@ class DenoisePass:
                 torch._dynamo.mark_static_address(t)
         return self._fn(canvas, tuple(view.keys), tuple(view.values), view.length, soft, keep)
 
+def capacity_bucket(slots: int, canvas_length: int) -> int:
+    """The cache capacity a compiled call reserves for `slots` slots: L times the next power of two of slots / L, so
+    calls with other prompt lengths or `max_new_tokens` mostly share a graph (at most twice the slots attended)."""
+    blocks = -(-slots // canvas_length)
+    return canvas_length * (1 << (blocks - 1).bit_length())
+
+
 def compiled_denoise_pass(model: nn.Module, mode: str | None = None, backend: str | Callable = "inductor"
                           ) -> DenoisePass:
     """The model's compiled denoising pass for these options, `pass_fn(canvas, cache, soft, keep)`: built on first use
