@@ -14,14 +14,8 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, Auto
 from .accuracy import Trace, load_trace
 from .constraints import ConstraintError, JsonSchema, Regex
 from .generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig
-from .modeling import (
-    BlockDiffusionCache,
-    DiffusionGemmaConfig,
-    DiffusionGemmaForBlockDiffusion,
-    DiffusionGemmaOutput,
-    DiffusionGemmaTextConfig,
-)
-from .modeling.model import PipelineLoadError
+from .model import DiffusionGemmaForBlockDiffusion, PipelineLoadError
+from .modeling import BlockDiffusionCache, DiffusionGemmaConfig, DiffusionGemmaOutput, DiffusionGemmaTextConfig
 from .generation.sampler import register_sampler
 from .processing import DiffusionGemmaProcessor, load_processor
 

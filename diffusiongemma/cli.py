@@ -51,7 +51,7 @@ def add_generate_command(subparsers) -> None:
                    help="reference: the built-in implementation's tokens (default); fast: the same distribution, "
                         "several times faster, its own random stream")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the decoder layers first (the first canvas pays the compilation)")
+                   help="run each denoising step as one compiled fixed-shape graph (lock-step batching; the first call pays the compilation)")
     p.add_argument("--dtype", type=_dtype, default="auto", help="float32, bfloat16, float16 or auto (default)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
@@ -99,7 +99,7 @@ def run_generate(args) -> int:
     from transformers import AutoTokenizer
 
     from .generation.streamers import CanvasPrinter, is_terminal
-    from .modeling import DiffusionGemmaForBlockDiffusion
+    from .model import DiffusionGemmaForBlockDiffusion
     from .modeling.config import check_model_folder
     from .processing import image_prompt_inputs, load_image, load_processor
 
