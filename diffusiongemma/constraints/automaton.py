@@ -119,7 +119,7 @@ def dense_table(transitions: dict, initial: int, finals: set, vocab_size: int, s
         ConstraintError: no answer satisfies the constraint.
     """
     states = sorted(set(transitions) | finals | {initial})
-    edges = {s: {t: n for t, n in transitions.get(s, {}).items() if t != sentinel} for s in states}
+    edges = {s: transitions.get(s, {}) for s in states}  # the sentinel (outlines' EOS) is >= V: dropped below
     # keep the states from which some accepting state can be reached (search over the reverse edges)
     parents: dict[int, set] = {}
     for s in states:
@@ -136,11 +136,16 @@ def dense_table(transitions: dict, initial: int, finals: set, vocab_size: int, s
     order = [initial] + sorted(live - {initial})
     number = {s: i for i, s in enumerate(order)}
     S, done = len(order) + 1, len(order)
+    renumber = torch.full((max(states) + 1,), -1, dtype=torch.int32)  # outlines' state id -> ours (-1: dropped)
+    renumber[torch.tensor(order)] = torch.arange(len(order), dtype=torch.int32)
     table = torch.full((S, vocab_size), -1, dtype=torch.int32)
     for s in order:
-        row = {t: number[n] for t, n in edges[s].items() if n in number and t < vocab_size}
+        row = edges[s]
         if row:
-            table[number[s], torch.tensor(list(row.keys()))] = torch.tensor(list(row.values()), dtype=torch.int32)
+            tokens = torch.tensor(list(row.keys()), dtype=torch.long)
+            targets = renumber[torch.tensor(list(row.values()), dtype=torch.long)]
+            keep = tokens < vocab_size
+            table[number[s], tokens[keep]] = targets[keep]
     accepting = torch.zeros(S, dtype=torch.bool)
     accepting[[number[s] for s in finals if s in number]] = True
     ends = [e for e in list(eos_ids) + ([pad_id] if pad_id is not None else []) if 0 <= e < vocab_size]
