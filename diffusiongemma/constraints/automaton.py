@@ -236,7 +236,8 @@ def compile_constraint(constraint, tokenizer, vocab_size: int, eos_ids=(), pad_i
         ConstraintError: malformed regex or schema, unsupported keyword, unspellable or unsatisfiable.
     """
     if tokenizer is None:
-        raise ConstraintError(f"{constraint.describe()} needs the model's tokenizer: pass `tokenizer=` (in a pipeline: `tokenizer=pipe.tokenizer`)")
+        raise ConstraintError(f"{constraint.describe()} needs the model's tokenizer: pass `tokenizer=` (in a "
+                              f"pipeline: `tokenizer=pipe.tokenizer`)")
     key = (constraint, tokenizer_fingerprint(tokenizer), vocab_size, tuple(eos_ids), pad_id)
     if key in _CACHE:
         _CACHE.move_to_end(key)

@@ -93,6 +93,13 @@ def test_answer_ends_within_max_new_tokens(model, mode):
     assert all(re.fullmatch(r"[a-z]{3,40}", t) for t in answers(out, 5))
 
 
+def test_gumbel_sampler(model):
+    torch.manual_seed(0)
+    out = model.generate(prompts(3, 0), constraint=Regex(REGEXES[1]), tokenizer=TOK, max_new_tokens=32,
+                         sampling="gumbel", **KW)
+    assert all(re.fullmatch(REGEXES[1], t) for t in answers(out, 5))
+
+
 def test_lockstep_chunks(model):
     out = model.generate(prompts(5, 0), constraint=Regex(REGEXES[0]), tokenizer=TOK, max_new_tokens=32, seed=0,
                          sampling="fast", batching="lockstep", max_batch_size=2, **KW)
