@@ -16,9 +16,18 @@ def request_constraint(body: dict) -> tuple[object, str | None]:
     """(the `Regex` / `JsonSchema` a request asks for, or None; the body field that asked for it).
 
     Raises:
-        BadRequestField: a malformed `response_format` or `regex`, both given, or a schema keyword that cannot be
-            enforced.
+        BadRequestField: a malformed `response_format` or `regex`, both given, a schema keyword that cannot be
+            enforced, or `stop` strings beside a constraint (cutting at one would leave the answer incomplete).
     """
+    constraint, field = read_constraint(body)
+    if constraint is not None and body.get("stop"):
+        raise BadRequestField("stop", f"cannot be combined with `{field}`: an answer cut at a stop string would not "
+                                      "be complete")
+    return constraint, field
+
+
+def read_constraint(body: dict) -> tuple[object, str | None]:
+    """`request_constraint` without the `stop` check."""
     fmt, regex = body.get("response_format"), body.get("regex")
     if fmt is not None and regex is not None:
         raise BadRequestField("regex", "give `regex` or `response_format`, not both")

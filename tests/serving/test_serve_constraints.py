@@ -102,6 +102,7 @@ def test_budget_ran_out_is_length(live):
     ({"regex": "ü+"}, "regex", "cannot spell"),
     ({"regex": 3}, "regex", "must be a string"),
     ({"regex": "a", "response_format": {"type": "json_object"}}, "regex", "not both"),
+    ({"regex": "a+", "stop": ["x"]}, "stop", "cannot be combined with `regex`"),
 ])
 def test_bad_constraints_are_400_naming_the_field(live, extra, field, message):
     _, client, model = live
