@@ -162,3 +162,25 @@ def test_errors(model):
 
 def test_public_names():
     assert diffusiongemma.Regex is Regex and diffusiongemma.JsonSchema is JsonSchema
+
+
+def test_byte_level_bpe_tokenizer_with_multibyte_characters():
+    # a GPT-2 style tokenizer, trained here: tokens are byte sequences, é is two bytes and may be split across tokens
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from conftest import tiny_config
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<eos>", "<bos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(["café crème brûlée, déjà vu, naïve résumé"] * 50, trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
+    model = tiny_model(tiny_config(vocab_size=512))  # rows beyond the tokenizer's ~300 ids are never allowed
+    for pattern in (r"(café|crème|déjà) [a-zé]{3,10}", r"[éèà]{2,6}!"):
+        out = model.generate(torch.tensor([[5, 6, 7]]), constraint=Regex(pattern), tokenizer=tok, max_new_tokens=32,
+                             sampling="fast", seed=0, **KW)
+        assert re.fullmatch(pattern, tok.decode(out.sequences[0, 3:], skip_special_tokens=True))
+        assert bool((out.sequences[0, 3:] < len(tok)).all())
