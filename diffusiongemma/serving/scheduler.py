@@ -32,6 +32,9 @@ from .settings import RequestSettings
 logger = logging.get_logger(__name__)
 
 
+MAX_CONSTRAINED_PLANS = 16
+
+
 class QueueFull(RuntimeError):
     """The waiting queue holds `max_queue` requests already (the server answers 429)."""
 
@@ -73,6 +76,7 @@ class ServingScheduler:
         self.dropped = 0  # rows that left unfinished (client gone, stop string)
         self._pool: RowPool | None = None
         self._plans: dict = {}  # request settings -> Plan, shared by requests with equal settings
+        self._constrained: collections.deque = collections.deque()  # keys of plans with a constraint, oldest first
         self._requests = 0
         self.processors = LogitsProcessorList(logits_processor) if logits_processor else None
         self._thread = threading.Thread(target=self._run, name="diffusiongemma-scheduler", daemon=True)
@@ -179,6 +183,10 @@ class ServingScheduler:
                 constraint=(ConstraintGuide(s.automaton, self.L, s.max_new_tokens) if s.automaton is not None
                             else None),
             )
+            if s.automaton is not None:  # keep the last few: every distinct schema would otherwise stay forever
+                self._constrained.append(key)
+                if len(self._constrained) > MAX_CONSTRAINED_PLANS:
+                    del self._plans[self._constrained.popleft()]  # rows still running keep their own reference
         return self._plans[key]
 
     def _admit(self, job: Job, pool: RowPool) -> None:

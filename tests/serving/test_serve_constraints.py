@@ -16,6 +16,7 @@ pytest.importorskip("uvicorn")
 
 from serve_checkpoint import write_checkpoint  # noqa: E402
 
+from diffusiongemma import Regex  # noqa: E402
 from diffusiongemma.serving.app import BackgroundServer, ServeOptions, build_app  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {
@@ -110,3 +111,25 @@ def test_bad_constraints_are_400_naming_the_field(live, extra, field, message):
         chat(client, model, 0, extra_body=extra)
     error = caught.value.body
     assert error["param"] == field and message in error["message"]
+
+
+def test_constrained_plans_are_shared_then_forgotten(live):
+    from diffusiongemma.constraints import compile_constraint
+    from diffusiongemma.serving import scheduler as scheduling
+    from diffusiongemma.serving.settings import request_settings
+
+    served, client, model = live
+    chat(client, model, 0, max_tokens=16, extra_body={"regex": "[a-z]+"})  # the scheduler starts with a request
+    sched = served.scheduler
+
+    def settings(pattern):
+        s = request_settings({"max_tokens": 16}, served.model.generation_config)
+        s.automaton = compile_constraint(Regex(pattern), served.tokenizer, sched.V, [1], 0)
+        return s
+
+    first = sched._plan(settings("a+"))
+    assert sched._plan(settings("a+")) is first  # the same constraint and budget: one plan, one call per step
+    for i in range(scheduling.MAX_CONSTRAINED_PLANS):
+        sched._plan(settings(f"b{{{i + 1}}}"))
+    assert sched._plan(settings("a+")) is not first  # the oldest was forgotten
+    assert len(sched._constrained) == scheduling.MAX_CONSTRAINED_PLANS
