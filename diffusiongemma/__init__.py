@@ -23,6 +23,7 @@ from .modeling import (
 from .modeling.model import PipelineLoadError
 from .generation.sampler import register_sampler
 from .processing import DiffusionGemmaProcessor, load_processor
+from .training.collator import DiffusionGemmaDataCollator
 
 AutoModelForCausalLM.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
 AutoModelForImageTextToText.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
@@ -32,6 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BlockDiffusionCache",
     "DiffusionGemmaConfig",
+    "DiffusionGemmaDataCollator",
     "DiffusionGemmaForBlockDiffusion",
     "DiffusionGemmaGenerationConfig",
     "DiffusionGemmaOutput",
