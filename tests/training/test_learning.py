@@ -1,6 +1,7 @@
 """Proof that fine-tuning learns: a tiny model learns to copy 10 letters with Trainer (full fine-tuning), then a LoRA
 adapter teaches it to shift every letter by one; each response (10 + EOS) spans two canvases of 8, and `generate`
-solves held-out prompts. Rates were measured first (64/64 after 60 + 60 steps) and the asserts leave slack."""
+solves held-out prompts. Measured first (64 held-out prompts each): copy 64/64 after 60 steps, shift 0/64 before
+and 64/64 after 40 LoRA steps; the asserts (32 prompts) leave slack."""
 
 import random
 
@@ -69,8 +70,8 @@ def copier(tmp_path_factory):
 
 def test_full_fine_tuning_learns_to_copy_across_two_canvases(copier, one_thread):
     model, losses = copier
-    assert losses[-1] < 0.1 * losses[0], losses  # measured: 4.2 -> 0.1
-    assert solved(model, 0) >= 0.9  # measured: 64 / 64
+    assert losses[-1] < 0.1 * losses[0], losses  # measured (10-step means): 3.72 -> 0.071
+    assert solved(model, 0) >= 0.9  # measured: 1.0
 
 
 def test_lora_teaches_the_copier_a_new_mapping(copier, tmp_path, one_thread):
@@ -79,5 +80,5 @@ def test_lora_teaches_the_copier_a_new_mapping(copier, tmp_path, one_thread):
     lora = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS))
     rng = random.Random(5)
     losses = fit(lora.train(), [row(rng, 1) for _ in range(32 * 40)], 40, 1e-2, tmp_path)
-    assert losses[-1] < 0.2 * losses[0], losses
-    assert solved(lora.eval(), 1) >= 0.9  # measured: 64 / 64 after 60 steps
+    assert losses[-1] < 0.2 * losses[0], losses  # measured: 1.13 -> 0.058
+    assert solved(lora.eval(), 1) >= 0.9  # measured: 1.0
