@@ -23,12 +23,13 @@ def batch(B=2, seed=0):
     return input_ids, labels, mask
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+@pytest.mark.parametrize("backend, window", [("sdpa", "reference"), ("eager", "reference"), ("sdpa", "symmetric")])
 @pytest.mark.parametrize("sc", ["mixed", "none"])
-def test_vectorized_loss_equals_the_per_canvas_loop(backend, sc, one_thread):
+def test_vectorized_loss_equals_the_per_canvas_loop(backend, window, sc, one_thread):
     config = tiny_config()
     config._attn_implementation = backend
     model = tiny_model(config).train()
+    model.get_decoder().decoder_window = window  # "symmetric": the |q - k| <= W-1 switch (docs/reference-accuracy.md)
     input_ids, labels, mask = batch()
     clean = labels.masked_fill(labels == -100, 0)
     sc_mask = torch.tensor([[True, False, True], [False, True, False]]) if sc == "mixed" else torch.zeros(2, 3, dtype=torch.bool)
