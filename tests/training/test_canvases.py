@@ -50,8 +50,10 @@ def test_vectorized_loss_equals_the_per_canvas_loop(backend, window, sc, one_thr
     torch.testing.assert_close(fast.loss, slow.loss, rtol=1e-6, atol=1e-6)
     assert fast_grads.keys() == slow_grads.keys() and len(fast_grads) > 20
     for name in fast_grads:
-        scale = slow_grads[name].abs().max().item()  # sums over many positions: rounding scales with the size
-        torch.testing.assert_close(fast_grads[name], slow_grads[name], rtol=1e-4, atol=1e-4 * scale, msg=name)
+        # sums over many positions, and the detached first pass rounds differently: measured up to 1.5e-4 of the
+        # largest entry (self-conditioning MLP, symmetric window), 3e-5 elsewhere
+        scale = slow_grads[name].abs().max().item()
+        torch.testing.assert_close(fast_grads[name], slow_grads[name], rtol=1e-4, atol=3e-4 * scale, msg=name)
 
 
 def test_vectorized_flex_block_mask_gives_the_loop_logits(one_thread):
