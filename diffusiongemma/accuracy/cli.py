@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..cli_types import seed_arg, steps_arg
+
 
 def _positive_int(text: str) -> int:
     from ..cli_types import positive_int
@@ -56,13 +58,13 @@ def add_accuracy_commands(subparsers) -> None:
     src.add_argument("--prompt", help="one prompt")
     src.add_argument("--prompts", help="a file with one prompt per line (a batch, left-padded)")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="random seed (default 0)")
     p.add_argument("--top-k", type=_positive_int, default=8, help="top-k tokens kept per position (default 8)")
     p.add_argument("--sc-embedding", action="store_true",
                    help="also keep the exact self-conditioning input [B, L, H] per step (4*H bytes a position), so "
                         "the replay needs no top-k approximation")
     p.add_argument("--max-new-tokens", type=_positive_int, default=None, help="new tokens (whole canvases)")
-    p.add_argument("--steps", type=_positive_int, default=None, help="max denoising steps per canvas")
+    p.add_argument("--steps", type=steps_arg, default=None, help="max denoising steps per canvas")
     p.add_argument("--sampling", choices=["reference", "fast", "gumbel"], default="reference",
                    help="reference (default), fast (lock-step, per-row seeds) or gumbel (semantics switch: reference "
                         "with vLLM's Gumbel-max draw)")
@@ -87,9 +89,9 @@ def add_accuracy_commands(subparsers) -> None:
     p.add_argument("--prompts", help="prompts file (one per line); required without --check")
     p.add_argument("--out", help="golden file to write (.jsonl); required without --check")
     p.add_argument("--check", help="golden file to re-run and compare (exit 0 when identical, 1 otherwise)")
-    p.add_argument("--seed", type=int, default=None, help="seed (default 0 when writing; the file's when checking)")
+    p.add_argument("--seed", type=seed_arg, default=None, help="seed (default 0 when writing; the file's when checking)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=None, help="new tokens (whole canvases)")
-    p.add_argument("--steps", type=_positive_int, default=None, help="max denoising steps per canvas")
+    p.add_argument("--steps", type=steps_arg, default=None, help="max denoising steps per canvas")
     p.set_defaults(func=run_golden)
 
 

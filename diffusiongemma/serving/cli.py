@@ -5,7 +5,7 @@ import json
 import os
 import sys
 
-from ..cli_types import positive_int
+from ..cli_types import port_arg, positive_int, seed_arg, steps_arg
 
 SERVE_EXTRA = 'the serving dependencies are missing: pip install "diffusiongemma[serve]"'
 
@@ -20,7 +20,7 @@ def add_serve_commands(subparsers) -> None:
     p.add_argument("--model", required=True, help="checkpoint folder or Hub id (bf16, FP8, NVFP4 or bitsandbytes)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or Hub id, if --model has none")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
+    p.add_argument("--port", type=port_arg, default=8000, help="listen port (default 8000)")
     p.add_argument("--device", default="auto", help="torch device; auto: cuda if available, else cpu")
     p.add_argument("--dtype", default="auto", help="auto (the checkpoint's), bfloat16, float16 or float32")
     p.add_argument("--quantization", choices=["bnb-4bit", "bnb-8bit"], default=None,
@@ -42,8 +42,8 @@ def add_serve_commands(subparsers) -> None:
     c.add_argument("--url", default="http://127.0.0.1:8000", help="server address (default http://127.0.0.1:8000)")
     c.add_argument("--prompt", default=None, help="send one message and exit (default: read messages from stdin)")
     c.add_argument("--max-tokens", type=positive_int, default=256, help="max_tokens per reply (default 256)")
-    c.add_argument("--seed", type=int, default=None, help="seed of every reply (default: random)")
-    c.add_argument("--steps", type=positive_int, default=None, help="max_denoising_steps (default: the server's)")
+    c.add_argument("--seed", type=seed_arg, default=None, help="seed of every reply (default: random)")
+    c.add_argument("--steps", type=steps_arg, default=None, help="max_denoising_steps (default: the server's)")
     c.add_argument("--no-drafts", action="store_true", help="show committed text only")
     c.add_argument("--no-color", action="store_true", help="no ANSI codes even on a terminal (also: NO_COLOR=1)")
     c.set_defaults(func=run_chat)
