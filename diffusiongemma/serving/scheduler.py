@@ -155,10 +155,10 @@ class ServingScheduler:
                     continue
                 self._stream(events)
                 self.active_rows = len(pool)
-            for r in self._pool.active if self._pool is not None else []:
-                r.owner.streamer.end()
+            for r in self._pool.active if self._pool is not None else []:  # unfinished: say so, never a short answer
+                r.owner.streamer.fail("the server is shutting down")
             for job in self._waiting:
-                job.streamer.end()
+                job.streamer.fail("the server is shutting down")
 
     def _ensure_pool(self) -> RowPool:
         if self._pool is None:
