@@ -268,4 +268,11 @@ def replay(model, trace: Trace) -> list[StepScore]:
 
         raise TraceFormatError(f"the trace has canvas_length {trace.canvas_length}, the model "
                                f"{model.canvas_length}")
+    for name in ("sequences", "input_canvas", "argmax", "topk_ids", "sc_ids"):  # a trace without `vocab_size`
+        ids = trace.tensors.get(name)
+        if ids is not None and ids.numel() and int(ids.max()) >= V:
+            from .format import TraceFormatError
+
+            raise TraceFormatError(f"tensor `{name}` holds token id {int(ids.max())}, outside the model's vocabulary "
+                                   f"[0, {V})")
     return replay_minimal(model, trace) if trace.is_minimal else replay_full(model, trace)
