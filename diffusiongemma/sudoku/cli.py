@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..cli_types import positive_int, seed_arg
+from ..cli_types import positive_int, seed_arg, steps_arg
 from ..generation.streamers import is_terminal
 from .puzzles import BLANK, check_puzzle, read_puzzles, render_grid
 
@@ -60,7 +60,7 @@ def add_sudoku_commands(subparsers) -> None:
                    "where the bundled demo model solves most puzzles)")
     p.add_argument("--seed", type=seed_arg, default=None, help="seed puzzle generation and denoising")
     p.add_argument("--model", default=None, help="model folder (default: the bundled demo model)")
-    p.add_argument("--max-steps", type=positive_int, default=None, help="max denoising steps (default: the model's)")
+    p.add_argument("--max-steps", type=steps_arg, default=None, help="max denoising steps (default: the model's)")
     p.add_argument("--no-animation", action="store_true", help="do not redraw the grid at every step")
     p.add_argument("--no-color", action="store_true",
                    help="no ANSI colours or cursor codes, as when stdout is not a terminal (also: NO_COLOR=1); "
