@@ -134,3 +134,16 @@ def test_trace_out_needs_overwrite(saved_pair, tmp_path, capsys, one_thread):
     assert (tmp_path / "t" / "manifest.json").read_text() == first
     assert main(args + ["--overwrite", "--seed", "3"]) == 0
     assert load_trace(tmp_path / "t").manifest["seed_argument"] == 3
+
+
+@pytest.mark.parametrize("manifest, message", [
+    ({"sampling": "greedy"}, "manifest `sampling`"),
+    ({"generation_config": {"sampler_config": {"_cls_name": "Nope"}}}, "cannot be rebuilt"),
+    ({"generation_config": {"sampler_config": {"entropy_bound": 0.1, "bogus": 1}}}, "cannot be rebuilt"),
+])
+def test_unusable_replay_settings_are_a_malformed_trace(saved_pair, recorded, tmp_path, capsys, manifest, message):
+    tampered(recorded, manifest=manifest).save(tmp_path / "t")
+    capsys.readouterr()
+    assert main(["compare", "--model", str(saved_pair[0]), "--trace", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
