@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from .cli_types import dtype_arg, positive_int  # noqa: F401 - positive_int: part of this module's API
+from .cli_types import dtype_arg, positive_int, seed_arg, steps_arg  # noqa: F401 - positive_int: part of this module's API
 from .io.tokenizer_files import TOKENIZER_FILES, folder_has_tokenizer
 
 
@@ -44,9 +44,9 @@ def add_generate_command(subparsers) -> None:
                    help="tokenizer folder or Hub id, for a --model folder that has no tokenizer files")
     p.add_argument("--max-new-tokens", type=positive_int, default=None,
                    help="new tokens to generate (rounded up to whole canvases); default: the checkpoint's setting")
-    p.add_argument("--steps", type=positive_int, default=None,
+    p.add_argument("--steps", type=steps_arg, default=None,
                    help="maximum denoising steps per canvas (max_denoising_steps); default: the checkpoint's")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="random seed (default 0)")
     p.add_argument("--sampling", choices=["reference", "fast"], default="reference",
                    help="reference: the built-in implementation's tokens (default); fast: the same distribution, "
                         "several times faster, its own random stream")
