@@ -101,7 +101,7 @@ def prepare_from_pretrained_kwargs(cls, path, kwargs: dict) -> dict:
         log_cast_warning_once()
     quantization = kwargs.get("quantization_config")
     if type(quantization).__name__ == "BitsAndBytesConfig" and _runs_on_cpu(kwargs.get("device_map")):
-        from diffusiongemma.quantization.bnb import keep_unpackable_layers
+        from diffusiongemma.loading.bnb import keep_unpackable_layers
 
         config = kwargs.get("config") or cls.config_class.from_pretrained(path)
         kwargs["quantization_config"] = keep_unpackable_layers(cls, config, quantization)
