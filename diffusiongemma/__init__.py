@@ -21,7 +21,12 @@ from .modeling import (
     DiffusionGemmaTextConfig,
 )
 from .modeling.model import PipelineLoadError
-from .generation.sampler import register_sampler
+from .generation.sampler import (
+    BlockRefinementSamplerConfig,
+    ConfidenceThresholdSamplerConfig,
+    DiscreteDDIMSamplerConfig,
+    register_sampler,
+)
 from .processing import DiffusionGemmaProcessor, load_processor
 
 AutoModelForCausalLM.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
@@ -31,12 +36,15 @@ AutoProcessor.register(DiffusionGemmaConfig, DiffusionGemmaProcessor, exist_ok=T
 __version__ = "0.1.0"
 __all__ = [
     "BlockDiffusionCache",
+    "BlockRefinementSamplerConfig",
+    "ConfidenceThresholdSamplerConfig",
     "DiffusionGemmaConfig",
     "DiffusionGemmaForBlockDiffusion",
     "DiffusionGemmaGenerationConfig",
     "DiffusionGemmaOutput",
     "DiffusionGemmaProcessor",
     "DiffusionGemmaTextConfig",
+    "DiscreteDDIMSamplerConfig",
     "EntropyBoundSamplerConfig",
     "PipelineLoadError",
     "Trace",
