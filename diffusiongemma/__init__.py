@@ -13,14 +13,8 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, Auto
 
 from .accuracy import Trace, load_trace
 from .generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig
-from .modeling import (
-    BlockDiffusionCache,
-    DiffusionGemmaConfig,
-    DiffusionGemmaForBlockDiffusion,
-    DiffusionGemmaOutput,
-    DiffusionGemmaTextConfig,
-)
-from .modeling.model import PipelineLoadError
+from .model import DiffusionGemmaForBlockDiffusion, PipelineLoadError
+from .modeling import BlockDiffusionCache, DiffusionGemmaConfig, DiffusionGemmaOutput, DiffusionGemmaTextConfig
 from .generation.sampler import (
     BlockRefinementSamplerConfig,
     ConfidenceThresholdSamplerConfig,

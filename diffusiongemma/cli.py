@@ -57,7 +57,7 @@ def add_generate_command(subparsers) -> None:
                    help="a setting of the sampler, e.g. threshold=0.9 or corrector_steps=2 (repeat for several; "
                         "the value is read as JSON: true, 0.5, null, or else a plain string)")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the decoder layers first (the first canvas pays the compilation)")
+                   help="run each denoising step as one compiled fixed-shape graph (lock-step batching; the first call pays the compilation)")
     p.add_argument("--dtype", type=_dtype, default="auto", help="float32, bfloat16, float16 or auto (default)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
@@ -79,7 +79,7 @@ def run_generate(args) -> int:
     from transformers import AutoTokenizer
 
     from .generation.streamers import CanvasPrinter, is_terminal
-    from .modeling import DiffusionGemmaForBlockDiffusion
+    from .model import DiffusionGemmaForBlockDiffusion
     from .modeling.config import check_model_folder
     from .processing import image_prompt_inputs, load_image, load_processor
 

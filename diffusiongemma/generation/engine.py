@@ -17,6 +17,7 @@ Legend: B' rows that sample, L canvas length, V vocab, H hidden, S' committed to
 
 import inspect
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import torch
@@ -48,13 +49,18 @@ class Plan:
     processors: LogitsProcessorList | None
     soft_embed: SoftEmbed | None
 
+    @cached_property
+    def processor_arguments(self) -> tuple:
+        """Per processor, the extra arguments its `__call__` names (None: it takes **kwargs), read once per plan."""
+        return tuple(named_arguments(p) for p in self.processors or ())
+
 
 @dataclass
 class StepRows:
     """The B' rows one step samples, all under one `Plan`.
 
     Attributes:
-        hidden: [B', L, H] the decoder's canvas hidden states.
+        hidden: [B', L, H] the decoder's canvas hidden states (None when `logits` is given).
         canvas: [B', L] the canvas the decoder read.
         sequences: the committed tokens processors see: one [B', S'] tensor (lock-step: every row as long), or one
             [S'_b] tensor per row (the row pool; processors then run row by row).
@@ -63,10 +69,11 @@ class StepRows:
         steps_remaining: each row's n (N..1): its temperature and the processors' `cur_step`.
         generators: one `torch.Generator` per row for per-row samplers, else None.
         stop_state: the stopper's state of these rows (batch first), or None.
+        logits: [B', L, V] fp32 the LM head's output, when the caller's pass ran it (the compiled pass), else None.
         sampler_state: a stateful sampler's state of these rows (`Sampler.init_state`, batch first), or None.
     """
 
-    hidden: torch.Tensor
+    hidden: torch.Tensor | None
     canvas: torch.Tensor
     sequences: torch.Tensor | list[torch.Tensor]
     row_ids: list[int]
@@ -74,6 +81,7 @@ class StepRows:
     steps_remaining: list[int]
     generators: Sequence[torch.Generator] | None
     stop_state: torch.Tensor | None
+    logits: torch.Tensor | None = None
     sampler_state: torch.Tensor | None = None
 
 
@@ -123,32 +131,37 @@ def apply_processors(plan: Plan, rows: StepRows, logits: torch.Tensor) -> tuple[
     """
     shape = logits.shape
     if isinstance(rows.sequences, torch.Tensor):
-        logits = call_processors(plan.processors, rows.sequences, logits, processor_kwargs(rows, slice(None)))
+        logits = call_processors(plan, rows.sequences, logits, processor_kwargs(rows, slice(None)))
     else:
         for j, seen in enumerate(rows.sequences):
-            scores = call_processors(plan.processors, seen[None], logits[j : j + 1],
+            scores = call_processors(plan, seen[None], logits[j : j + 1],
                                      processor_kwargs(rows, slice(j, j + 1)))
             processed_scores_bad(scores, logits[j : j + 1].shape)  # None or a wrong shape: a clear error
             logits[j : j + 1] = scores
     return logits, processed_scores_bad(logits, shape)
 
 
-def call_processors(processors: LogitsProcessorList, input_ids: torch.Tensor, scores: torch.Tensor,
-                    available: dict) -> torch.Tensor:
+def named_arguments(processor) -> tuple[tuple[str, bool], ...] | None:
+    """(name, required) of each parameter `processor.__call__` takes after (input_ids, scores); None for **kwargs."""
+    params = inspect.signature(processor).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return tuple((n, params[n].default is inspect.Parameter.empty) for n in list(params)[2:])
+
+
+def call_processors(plan: Plan, input_ids: torch.Tensor, scores: torch.Tensor, available: dict) -> torch.Tensor:
     """`processors(input_ids, scores)` where each processor gets, by name, the extra arguments its `__call__` names
     among `available` (all of them if it takes `**kwargs`). transformers' own list would hand every processor every
     keyword, which breaks the ones that take only `cur_step`."""
-    for processor in processors:
-        params = inspect.signature(processor).parameters
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    for processor, names in zip(plan.processors, plan.processor_arguments):
+        if names is None:
             extra = available
         else:
-            names = list(params)[2:]
-            missing = [n for n in names if n not in available and params[n].default is inspect.Parameter.empty]
+            missing = [n for n, required in names if n not in available and required]
             if missing:
                 raise ValueError(f"logits processor {type(processor).__name__} asks for {missing}; a denoising step "
                                  f"passes {sorted(available)}")
-            extra = {n: available[n] for n in names if n in available}
+            extra = {n: available[n] for n, _ in names if n in available}
         scores = processor(input_ids, scores, **extra)
     return scores
 
@@ -165,7 +178,7 @@ def denoise_rows(model, plan: Plan, rows: StepRows, keep_logits: bool = False) -
     """
     stack = model.get_decoder()
     # b. LM head for the rows that sample
-    logits = model.head(rows.hidden)  # [B', L, V] fp32
+    logits = rows.logits if rows.logits is not None else model.head(rows.hidden)  # [B', L, V] fp32
     model_bad = model_logits_bad(logits)  # [B'] on the device: read with the stop flags (finite.py)
     # c. user processors first, then the temperature, in place
     processors_bad, empty = None, None

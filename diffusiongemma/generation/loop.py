@@ -10,11 +10,12 @@ Legend: B batch, P prompt, L canvas length, S cached slots, V vocab, H hidden, N
 """
 
 from dataclasses import replace
+from functools import partial
 
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 
-from ..modeling.compile import compile_layers
+from ..modeling.compile import capacity_bucket, compiled_denoise_pass
 from ..modeling.masks import PaddingSlots
 from .batching import generate_in_chunks, generate_mixed
 from .finite import NonFiniteLogitsError, raise_for_faults
@@ -43,13 +44,34 @@ def plan_for(model, run: GenerationRun) -> Plan:
     )
 
 
-def step_settings(model, run: GenerationRun, cache, streamer) -> StepSettings:
+def step_settings(model, run: GenerationRun, cache, streamer, compile_options: dict | None = None) -> StepSettings:
     """What every lock-step step reads, resolved once."""
     return StepSettings(
         plan=plan_for(model, run), cache=cache, keep=run.keep, skip_finished=run.fast, generators=run.generators,
         position_offsets=list(run.position_offsets),
         keep_logits=takes_logits(streamer) or run.trace_top_k is not None,
+        denoise_pass=compiled_denoise_pass(model, **compile_options) if compile_options is not None else None,
     )
+
+
+COMPILE_OPTIONS = ("mode", "backend")
+
+
+def compile_options_of(compile, batching: str | None) -> dict | None:
+    """`generate`'s `compile` argument -> the `compiled_denoise_pass` options, or None (no compilation)."""
+    if compile is None or compile is False:
+        return None
+    if not isinstance(compile, (bool, dict)):
+        raise TypeError(f"`compile` must be a bool or a dict of options {list(COMPILE_OPTIONS)}, got {compile!r}")
+    options = compile if isinstance(compile, dict) else {}
+    unknown = sorted(set(options) - set(COMPILE_OPTIONS))
+    if unknown:
+        raise ValueError(f"`compile` options {unknown} are not supported; supported: {list(COMPILE_OPTIONS)} "
+                         "(the pass always compiles with fullgraph=True, dynamic=False)")
+    if batching == "mixed":
+        raise ValueError("`compile` compiles the fixed-shape lock-step denoising pass; it does not apply to "
+                         "batching='mixed' (pass batching='lockstep', or leave `batching` unset)")
+    return dict(options)
 
 
 def takes_logits(streamer) -> bool:
@@ -111,17 +133,18 @@ def stream_draft(streamer, state: CanvasState, embed_dtype: torch.dtype) -> None
         streamer.put_draft(value=state.argmax_canvas.cpu())
 
 
-def generate_lockstep(model, run: GenerationRun, streamer):
+def generate_lockstep(model, run: GenerationRun, streamer, compile_options: dict | None = None):
     """Spec D.4: every row commits its canvas together."""
     config, L = run.config, model.canvas_length
     input_ids = run.input_ids
     B, P = input_ids.shape
     embed_dtype = model.get_decoder().embed_tokens.weight.dtype
     cache = run.past_key_values if run.past_key_values is not None else model.new_cache()
-    cache.reserve(run.cur_len + run.num_canvases * L)
+    slots = run.cur_len + run.num_canvases * L
+    cache.reserve(capacity_bucket(slots, L) if compile_options is not None else slots)  # compiled: a shared bucket
     if run.keep is not None:  # where the padding is: read to the host once, here, so no step has to
         cache.padding = PaddingSlots.of(run.keep, cache.padding)
-    settings = step_settings(model, run, cache, streamer)
+    settings = step_settings(model, run, cache, streamer, compile_options)
     recorder = None
     if run.trace_top_k is not None:  # off by default: no recording work at all
         from ..accuracy.record import TraceRecorder
@@ -220,9 +243,11 @@ def generate(
         max_batch_size: fast mode only: at most this many rows per forward. "mixed" refills a freed slot with the
             next waiting prompt; "lockstep" runs the batch in consecutive chunks (refused with a streamer or
             `past_key_values`, which chunks cannot share).
-        compile: True compiles every decoder layer with `torch.compile` first (`modeling.compile.compile_layers`;
-            sticky: the model stays compiled, `uncompile_layers` undoes it); a dict passes `mode`, `dynamic` or
-            `backend` to it. The first call pays the compilation.
+        compile: True runs every denoising step as one fixed-shape `torch.compile` graph per batch bucket
+            (`modeling.compile.compiled_denoise_pass`: decoder + LM head, fullgraph, no recompile across steps and
+            canvases); encoder passes stay eager. The graphs are kept on the model for later calls; the first call
+            pays the compilation. A dict passes `mode` ("reduce-overhead": CUDA graphs) or `backend`. Lock-step
+            only: it selects lock-step batching when `batching` is unset.
         return_trace: also return `out.trace`, a `diffusiongemma.accuracy.Trace` of every canvas and step (input
             canvas, self-conditioning top-k, argmax, entropy, accepted mask, temperature, stop decision, committed
             tokens; see docs/trace-format.md). Lock-step batching only; implies a dict output. Off: no cost.
@@ -237,15 +262,14 @@ def generate(
         `DiffusionGemmaGenerationOutput` (or the sequences [B, P + c*L] when `return_dict_in_generate=False`).
     """
     # 0. resolve and validate everything once; nothing below reads **kwargs
+    compile_options = compile_options_of(compile, batching)
+    if compile_options is not None and batching is None:
+        batching = "lockstep"
     run = resolve_run(model, input_ids, attention_mask, generation_config, streamer, logits_processor,
                       stopping_criteria, past_key_values, sampling, seed, generator, batching, max_batch_size, kwargs,
                       return_trace=return_trace, trace_top_k=trace_top_k, trace_sc_embedding=trace_sc_embedding)
-    if compile is not None and compile is not False:
-        if not isinstance(compile, (bool, dict)):
-            raise TypeError(f"`compile` must be a bool or a dict of compile_layers options, got {compile!r}")
-        compile_layers(model, **(compile if isinstance(compile, dict) else {}))
     if run.batching == "chunks":
-        return generate_in_chunks(generate, model, run)
+        return generate_in_chunks(partial(generate, compile=compile), model, run)
     if run.batching == "mixed":
         return generate_mixed(model, run, plan_for(model, run))
-    return generate_lockstep(model, run, streamer)
+    return generate_lockstep(model, run, streamer, compile_options)

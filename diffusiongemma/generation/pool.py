@@ -157,7 +157,8 @@ class RowPool:
             states, sampler_states = [r.stop_state for r in group], [r.sampler_state for r in group]
             out = denoise_rows(self.model, group[0].plan, StepRows(
                 hidden=hidden if index is None else hidden[index], canvas=torch.stack([r.tokens for r in group]),
-                sequences=[torch.cat([r.prompt, *r.canvases]) for r in group], row_ids=[r.index for r in group],
+                sequences=[torch.cat([r.prompt, *r.canvases]) for r in group] if group[0].plan.processors else [],
+                row_ids=[r.index for r in group],
                 position_offsets=[len(r.prompt) + len(r.canvases) * self.L for r in group],
                 steps_remaining=[r.steps_remaining for r in group],
                 generators=[r.generator for r in group] if group[0].plan.sampler.per_row else None,

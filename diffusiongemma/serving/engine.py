@@ -38,7 +38,7 @@ class DiffusionModelManager(ModelManager):
         return AutoTokenizer.from_pretrained(self.tokenizer_path or model_id, **kwargs)
 
     def _load_model(self, model_id_and_revision: str, tqdm_class=None, progress_callback=None, gguf_file=None):
-        from ..modeling import DiffusionGemmaForBlockDiffusion
+        from ..model import DiffusionGemmaForBlockDiffusion
 
         if gguf_file is not None:
             raise ValueError(f"{gguf_file}: GGUF files are not DiffusionGemma checkpoints")

@@ -1,5 +1,5 @@
 """bitsandbytes 8-bit and 4-bit NF4 through `from_pretrained(quantization_config=BitsAndBytesConfig(...))`
-(diffusiongemma/quantization/bnb.py).
+(diffusiongemma/loading/bnb.py).
 
 Runs on CPU with bitsandbytes >= 0.45. Its CPU 4-bit kernel needs quantized out_features to be multiples of 64 and
 in_features multiples of the block size, hence the wider tiny config here.
