@@ -31,13 +31,13 @@ CACHE_ATTRIBUTE = "_diffusiongemma_cache"
 
 
 def our_cache(model, cache) -> BlockDiffusionCache:
-    """The `BlockDiffusionCache` riding on a pipeline's transformers cache (made on first use, sized to a
-    `StaticCache`'s `max_cache_len` when it has one)."""
+    """The `BlockDiffusionCache` riding on a pipeline's transformers cache (made on first use, reserved to a
+    `StaticCache`'s length)."""
     ours = getattr(cache, CACHE_ATTRIBUTE, None)
     if ours is None:
         ours = model.new_cache()
-        capacity = getattr(cache, "max_cache_len", None)
-        if isinstance(capacity, int) and capacity > 0:
+        capacity = cache.get_max_length() if getattr(cache, "is_compileable", False) else None  # StaticCache
+        if isinstance(capacity, int) and capacity > 0:  # reserve what it holds
             ours.reserve(capacity)
         setattr(cache, CACHE_ATTRIBUTE, ours)
         cache.get_seq_length = lambda layer_idx=0: ours.length  # what the pipeline reads to slice its input

@@ -91,3 +91,18 @@ def test_a_foreign_cache_without_our_encoder_pass_is_refused(models):
     with pytest.raises(TypeError, match="BlockDiffusionCache"):
         ours(decoder_input_ids=torch.zeros(1, 16, dtype=torch.long),
              past_key_values=DynamicCache(config=ours.config.get_text_config(decoder=True)))
+
+
+def test_our_cache_rides_on_the_pipelines_cache(models):
+    from transformers import DynamicCache, StaticCache
+
+    from diffusiongemma.diffusers_views import our_cache
+
+    _, ours = models(8, torch.float32)
+    text = ours.config.get_text_config(decoder=True)
+    static = StaticCache(config=text, max_cache_len=50)
+    mine = our_cache(ours, static)
+    assert our_cache(ours, static) is mine and mine.capacity == 50  # reserved once, to the static length
+    dynamic = DynamicCache(config=text)
+    ours.model.encoder(input_ids=torch.arange(3, 10)[None], past_key_values=dynamic)
+    assert dynamic.get_seq_length() == 7 == our_cache(ours, dynamic).length  # what the pipeline reads to slice
