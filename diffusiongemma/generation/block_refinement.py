@@ -64,8 +64,11 @@ def quota_commits(committed: torch.Tensor, confidence: torch.Tensor, step: list[
     quota go in descending confidence; any position above `threshold` is added.
     """
     B, L = committed.shape
-    done = torch.tensor(step, device=committed.device) + 1  # [B] steps done after this one
-    target = (done * L + max_steps - 1) // max_steps  # [B] ceil(done * L / N)
+    if all(s == step[0] for s in step):  # lock-step: one host int, no host-to-device copy
+        target = ((step[0] + 1) * L + max_steps - 1) // max_steps  # ceil(done * L / N)
+    else:  # the row pool: each row at its own step
+        done = torch.tensor(step, device=committed.device) + 1  # [B] steps done after this one
+        target = (done * L + max_steps - 1) // max_steps  # [B]
     owed = (target - committed.sum(dim=-1)).clamp(min=0)  # [B]
     ranks = descending_ranks(confidence.masked_fill(committed, float("-inf")))  # committed ones rank last
     return ~committed & ((ranks < owed[:, None]) | (confidence > threshold))

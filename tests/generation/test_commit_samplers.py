@@ -123,3 +123,18 @@ def test_text_generation_pipeline_takes_a_sampler_config(model):
     direct = model.generate(ids, sampler_config=config, seed=4, max_new_tokens=16, max_denoising_steps=3,
                             pad_token_id=tok.pad_token_id)
     assert out[0]["generated_text"] == tok.decode(direct.sequences[0], skip_special_tokens=True)
+
+
+def test_block_refinement_quota_per_row_step():
+    from diffusiongemma.generation.block_refinement import quota_commits
+
+    committed = torch.zeros(2, 16, dtype=torch.bool)
+    committed[1, :5] = True
+    confidence = torch.linspace(0.1, 0.5, 16).expand(2, 16).contiguous()  # below the threshold everywhere
+    # L = 16, N = 6: after step 0 three are owed; after step 2, ceil(3 * 16 / 6) = 8 minus the 5 committed = 3
+    new = quota_commits(committed, confidence, [0, 2], 6, 0.95)
+    assert new.sum(-1).tolist() == [3, 3]
+    assert new[0, -3:].all() and new[1, -3:].all()  # the most confident free positions
+    assert not (new & committed).any()
+    same = quota_commits(committed, confidence, [2, 2], 6, 0.95)  # the lock-step path (one host int)
+    assert same.sum(-1).tolist() == [8, 3]
