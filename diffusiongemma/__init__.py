@@ -22,6 +22,7 @@ from .generation.sampler import (
     register_sampler,
 )
 from .processing import DiffusionGemmaProcessor, load_processor
+from .training.collator import DiffusionGemmaDataCollator
 
 AutoModelForCausalLM.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
 AutoModelForImageTextToText.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
@@ -33,6 +34,7 @@ __all__ = [
     "BlockRefinementSamplerConfig",
     "ConfidenceThresholdSamplerConfig",
     "DiffusionGemmaConfig",
+    "DiffusionGemmaDataCollator",
     "DiffusionGemmaForBlockDiffusion",
     "DiffusionGemmaGenerationConfig",
     "DiffusionGemmaOutput",

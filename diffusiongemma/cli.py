@@ -5,6 +5,7 @@
         [--image FILE ...]                               ... about images (docs/vision.md)
     diffusiongemma sudoku [--puzzle P | --puzzles F | --eval N] [--json]
     diffusiongemma train sudoku --out DIR
+    diffusiongemma train sft --model PATH --data FILE.jsonl --out DIR [--lora]   fine-tune (docs/training.md)
     diffusiongemma quantize --scheme fp8-dynamic|nvfp4 SRC DST
     diffusiongemma trace | compare | golden             reference accuracy (docs/reference-accuracy.md)
 
@@ -15,7 +16,7 @@ import argparse
 import os
 import sys
 
-from .cli_types import dtype_arg, positive_int  # noqa: F401 - positive_int: part of this module's API
+from .cli_types import dtype_arg, positive_int, seed_arg, steps_arg  # noqa: F401 - positive_int: part of this module's API
 from .io.tokenizer_files import TOKENIZER_FILES, folder_has_tokenizer
 
 
@@ -44,9 +45,9 @@ def add_generate_command(subparsers) -> None:
                    help="tokenizer folder or Hub id, for a --model folder that has no tokenizer files")
     p.add_argument("--max-new-tokens", type=positive_int, default=None,
                    help="new tokens to generate (rounded up to whole canvases); default: the checkpoint's setting")
-    p.add_argument("--steps", type=positive_int, default=None,
+    p.add_argument("--steps", type=steps_arg, default=None,
                    help="maximum denoising steps per canvas (max_denoising_steps); default: the checkpoint's")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="random seed (default 0)")
     p.add_argument("--sampling", choices=["reference", "fast"], default="reference",
                    help="reference: the built-in implementation's tokens (default); fast: the same distribution, "
                         "several times faster, its own random stream")
@@ -254,8 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .quantization.cli import add_quantize_command
     from .serving.cli import add_serve_commands
     from .sudoku.cli import add_sudoku_commands
+    from .training.cli import add_sft_command
 
-    add_sudoku_commands(subparsers)
+    add_sft_command(add_sudoku_commands(subparsers))  # `train sudoku`, then `train sft` beside it
     add_quantize_command(subparsers)
     add_accuracy_commands(subparsers)
     add_serve_commands(subparsers)

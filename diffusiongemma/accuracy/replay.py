@@ -160,10 +160,21 @@ def replay_plan(model, trace: Trace) -> Plan:
     saved = dict(settings.get("sampler_config") or {})
     if saved:
         name = saved.pop("_cls_name", "EntropyBoundSamplerConfig")  # traces before the registry kept only the bound
-        sampler_config = sampler_config_class(name)(**saved)
+        try:
+            sampler_config = sampler_config_class(name)(**saved)
+        except (KeyError, TypeError, ValueError) as error:
+            from .format import TraceFormatError
+
+            raise TraceFormatError(f"manifest `generation_config.sampler_config` ({name}) cannot be rebuilt: "
+                                   f"{error}") from None
     else:
         sampler_config = model.generation_config.sampler_config or EntropyBoundSamplerConfig(entropy_bound=0.1)
-    sampler_class = sampler_class_for(sampler_config, trace.manifest.get("sampling"))
+    try:
+        sampler_class = sampler_class_for(sampler_config, trace.manifest.get("sampling"))
+    except ValueError as error:
+        from .format import TraceFormatError
+
+        raise TraceFormatError(f"manifest `sampling`: {error}") from None
     steps = int(generation_setting(trace, model, "max_denoising_steps"))
     return Plan(
         sampler=sampler_class(sampler_config, SamplerContext(model.config.text_config.vocab_size, steps)),
@@ -269,4 +280,11 @@ def replay(model, trace: Trace) -> list[StepScore]:
 
         raise TraceFormatError(f"the trace has canvas_length {trace.canvas_length}, the model "
                                f"{model.canvas_length}")
+    for name in ("sequences", "input_canvas", "argmax", "topk_ids", "sc_ids"):  # a trace without `vocab_size`
+        ids = trace.tensors.get(name)
+        if ids is not None and ids.numel() and int(ids.max()) >= V:
+            from .format import TraceFormatError
+
+            raise TraceFormatError(f"tensor `{name}` holds token id {int(ids.max())}, outside the model's vocabulary "
+                                   f"[0, {V})")
     return replay_minimal(model, trace) if trace.is_minimal else replay_full(model, trace)

@@ -74,7 +74,8 @@ class PassEvents:
     drafts: list = field(default_factory=list)  # (row, argmax [1, L] on the CPU) for rows with `draft`
     committed: list = field(default_factory=list)  # (row, canvas [L]) canvases that ended this pass
     finished: list = field(default_factory=list)  # rows that are done (already out of the pool)
-    faulted: list = field(default_factory=list)  # (row, NonFiniteLogitsError), out of the pool
+    faulted: list = field(default_factory=list)  # (row, error): NonFiniteLogitsError, or what its plan's step raised;
+    # out of the pool
 
 
 class RowPool:
@@ -155,16 +156,21 @@ class RowPool:
             group = [rows[j] for j in members]
             index = device_tensor(members, torch.long, hidden.device) if len(members) < len(rows) else None
             states, sampler_states = [r.stop_state for r in group], [r.sampler_state for r in group]
-            out = denoise_rows(self.model, group[0].plan, StepRows(
-                hidden=hidden if index is None else hidden[index], canvas=torch.stack([r.tokens for r in group]),
-                sequences=[torch.cat([r.prompt, *r.canvases]) for r in group] if group[0].plan.processors else [],
-                row_ids=[r.index for r in group],
-                position_offsets=[len(r.prompt) + len(r.canvases) * self.L for r in group],
-                steps_remaining=[r.steps_remaining for r in group],
-                generators=[r.generator for r in group] if group[0].plan.sampler.per_row else None,
-                stop_state=torch.cat(states) if states[0] is not None else None,
-                sampler_state=torch.cat(sampler_states) if sampler_states[0] is not None else None,
-            ))
+            try:
+                out = denoise_rows(self.model, group[0].plan, StepRows(
+                    hidden=hidden if index is None else hidden[index], canvas=torch.stack([r.tokens for r in group]),
+                    sequences=[torch.cat([r.prompt, *r.canvases]) for r in group] if group[0].plan.processors else [],
+                    row_ids=[r.index for r in group],
+                    position_offsets=[len(r.prompt) + len(r.canvases) * self.L for r in group],
+                    steps_remaining=[r.steps_remaining for r in group],
+                    generators=[r.generator for r in group] if group[0].plan.sampler.per_row else None,
+                    stop_state=torch.cat(states) if states[0] is not None else None,
+                    sampler_state=torch.cat(sampler_states) if sampler_states[0] is not None else None,
+                ))
+            except Exception as error:  # noqa: BLE001 - one plan's failure (its sampler, stopper, processors) fails
+                # only the rows of that plan; the others' step and state are untouched
+                events.faulted += [(r, error) for r in group]
+                continue
             results.append((group, out))
         flags = []
         for group, out in results:
@@ -172,7 +178,7 @@ class RowPool:
                                    else out.stop.new_zeros(()) for j, r in enumerate(group)])
             flags.append(torch.stack([out.stop.to(torch.int8), has_eos.to(torch.int8), out.faults]))  # [3, g]
         drafting = [(r, out.argmax[j]) for group, out in results for j, r in enumerate(group) if r.draft]
-        host = torch.cat(flags, dim=1).tolist()  # [3, d]: the one host read of this pass
+        host = torch.cat(flags, dim=1).tolist() if flags else [[], [], []]  # [3, d]: the one host read of this pass
         drafts = torch.stack([a for _, a in drafting]).cpu() if drafting else None  # [d', L]
         k = 0
         ending = []

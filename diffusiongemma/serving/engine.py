@@ -80,7 +80,8 @@ class DiffusionGenerateManager(BaseGenerateManager):
         if self.scheduler is None:
             self.scheduler = ServingScheduler(model, **self.options)
         prompt = inputs["input_ids"][0]  # [P]
-        check_length(settings, len(prompt), model.canvas_length, self.scheduler.max_model_len)  # else 400
+        check_length(settings, len(prompt), model.canvas_length, self.scheduler.max_model_len,  # else 400
+                     self.scheduler.requested_max_model_len)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         tokenizer = getattr(processor, "tokenizer", processor)

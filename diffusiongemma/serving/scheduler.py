@@ -61,6 +61,7 @@ class ServingScheduler:
         self.model, self.L = model, model.canvas_length
         self.V = model.config.text_config.vocab_size
         self.max_batch_size, self.max_queue = max_batch_size, max_queue
+        self.requested_max_model_len = max_model_len  # as given (--max-model-len); error messages name it
         self.max_model_len = min(max_model_len, model.config.text_config.max_position_embeddings)
         self.device = model.device
         self._waiting: collections.deque[Job] = collections.deque()
@@ -120,14 +121,21 @@ class ServingScheduler:
                 for job in admitted:
                     if job.streamer.abandoned:
                         job.streamer.end()
-                    elif not self._plan(job.settings).sampler.per_row:
+                        continue
+                    try:
+                        alone = not self._plan(job.settings).sampler.per_row
+                    except Exception as error:  # noqa: BLE001 - this request fails, the server goes on
+                        logger.error(f"preparing a request failed: {error}", exc_info=True)
+                        job.streamer.fail(f"generation failed: {error}")
+                        continue
+                    if alone:
                         self._run_alone(job)
-                    else:
-                        try:
-                            self._admit(job, pool)
-                        except Exception as error:  # noqa: BLE001 - this request fails, the server goes on
-                            logger.error(f"admitting a request failed: {error}", exc_info=True)
-                            job.streamer.fail(f"generation failed: {error}")
+                        continue
+                    try:
+                        self._admit(job, pool)
+                    except Exception as error:  # noqa: BLE001 - this request fails, the server goes on
+                        logger.error(f"admitting a request failed: {error}", exc_info=True)
+                        job.streamer.fail(f"generation failed: {error}")
                 abandoned = [r for r in pool.active if r.owner.streamer.abandoned]
                 self.dropped += len(abandoned)
                 self._leave(abandoned)
@@ -147,10 +155,10 @@ class ServingScheduler:
                     continue
                 self._stream(events)
                 self.active_rows = len(pool)
-            for r in self._pool.active if self._pool is not None else []:
-                r.owner.streamer.end()
+            for r in self._pool.active if self._pool is not None else []:  # unfinished: say so, never a short answer
+                r.owner.streamer.fail("the server is shutting down")
             for job in self._waiting:
-                job.streamer.end()
+                job.streamer.fail("the server is shutting down")
 
     def _ensure_pool(self) -> RowPool:
         if self._pool is None:
@@ -181,7 +189,7 @@ class ServingScheduler:
         eos = s.config.eos_token_id
         eos_ids = (torch.tensor(eos if isinstance(eos, (list, tuple)) else [eos], device=self.device)
                    if eos is not None else None)
-        seed = s.seed if s.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        seed = s.seed if s.seed is not None else int(torch.randint(0, 2**32, ()).item())
         generator = torch.Generator(device=self.device).manual_seed(seed)  # as generate(seed=seed) for one row
         self._requests += 1
         pool.admit(Row(index=self._requests, prompt=job.prompt, plan=self._plan(s), generator=generator,
