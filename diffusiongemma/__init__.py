@@ -15,7 +15,12 @@ from .accuracy import Trace, load_trace
 from .generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig
 from .model import DiffusionGemmaForBlockDiffusion, PipelineLoadError
 from .modeling import BlockDiffusionCache, DiffusionGemmaConfig, DiffusionGemmaOutput, DiffusionGemmaTextConfig
-from .generation.sampler import register_sampler
+from .generation.sampler import (
+    BlockRefinementSamplerConfig,
+    ConfidenceThresholdSamplerConfig,
+    DiscreteDDIMSamplerConfig,
+    register_sampler,
+)
 from .processing import DiffusionGemmaProcessor, load_processor
 from .training.collator import DiffusionGemmaDataCollator
 
@@ -26,6 +31,8 @@ AutoProcessor.register(DiffusionGemmaConfig, DiffusionGemmaProcessor, exist_ok=T
 __version__ = "0.1.0"
 __all__ = [
     "BlockDiffusionCache",
+    "BlockRefinementSamplerConfig",
+    "ConfidenceThresholdSamplerConfig",
     "DiffusionGemmaConfig",
     "DiffusionGemmaDataCollator",
     "DiffusionGemmaForBlockDiffusion",
@@ -33,6 +40,7 @@ __all__ = [
     "DiffusionGemmaOutput",
     "DiffusionGemmaProcessor",
     "DiffusionGemmaTextConfig",
+    "DiscreteDDIMSamplerConfig",
     "EntropyBoundSamplerConfig",
     "PipelineLoadError",
     "Trace",

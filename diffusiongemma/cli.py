@@ -1,6 +1,7 @@
 """The `diffusiongemma` command line.
 
     diffusiongemma generate --model PATH "prompt"      generate text with a checkpoint folder
+        [--sampler NAME --sampler-setting K=V ...]       ... with another sampler (docs/samplers.md)
         [--image FILE ...]                               ... about images (docs/vision.md)
     diffusiongemma sudoku [--puzzle P | --puzzles F | --eval N] [--json]
     diffusiongemma train sudoku --out DIR
@@ -50,6 +51,12 @@ def add_generate_command(subparsers) -> None:
     p.add_argument("--sampling", choices=["reference", "fast"], default="reference",
                    help="reference: the built-in implementation's tokens (default); fast: the same distribution, "
                         "several times faster, its own random stream")
+    p.add_argument("--sampler", default=None, metavar="NAME",
+                   help="entropy-bound, block-refinement, confidence-threshold, discrete-ddim (or a registered "
+                        "sampler config's class name); default: the checkpoint's (docs/samplers.md)")
+    p.add_argument("--sampler-setting", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of the sampler, e.g. threshold=0.9 or corrector_steps=2 (repeat for several; "
+                        "the value is read as JSON: true, 0.5, null, or else a plain string)")
     p.add_argument("--compile", action="store_true",
                    help="run each denoising step as one compiled fixed-shape graph (lock-step batching; the first call pays the compilation)")
     p.add_argument("--dtype", type=_dtype, default="auto", help="float32, bfloat16, float16 or auto (default)")
@@ -85,6 +92,11 @@ def run_generate(args) -> int:
               "--tokenizer with the folder or Hub id of the checkpoint's tokenizer", file=sys.stderr)
         return 2
     images = [load_image(source, args.allow_network) for source in args.image]  # before the model: fail fast
+    try:  # before the model too: a bad sampler setting needs no weights to be refused
+        sampler_config = sampler_from_args(args.sampler, args.sampler_setting, args.model)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.model, dtype=args.dtype).to(args.device).eval()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     vision = {}
@@ -120,9 +132,12 @@ def run_generate(args) -> int:
                              ansi=color and is_terminal(sys.stderr))
     if args.compile:
         overrides["compile"] = True
+    if sampler_config is not None:
+        overrides["sampler_config"] = sampler_config
     if args.sampling == "fast":
         overrides.update(sampling="fast", seed=args.seed)
-    else:
+    else:  # named: a sampler whose default is per-row ("fast") still runs reference here, as the flag says
+        overrides["sampling"] = "reference"
         torch.manual_seed(args.seed)
     out = model.generate(ids, streamer=_Tee(printer, progress), **overrides)
     if not args.quiet:
@@ -130,6 +145,47 @@ def run_generate(args) -> int:
         print(f"[{canvases} canvas(es) max, tokens per forward: {', '.join(f'{t:.2f}' for t in tpf)}]",
               file=sys.stderr)
     return 0
+
+
+def sampler_from_args(name: str | None, settings: list[str], model_path: str):
+    """--sampler NAME and --sampler-setting KEY=VALUE -> a sampler config, or None (the checkpoint's as it is).
+
+    Settings without --sampler apply to the checkpoint's own sampler config (generation_config.json).
+
+    Raises:
+        ValueError: naming the flag and the setting.
+    """
+    import json
+
+    from .generation.sampler_settings import SamplerSettingError, sampler_config_class_named, sampler_config_from
+
+    if name is None and not settings:
+        return None
+    pairs = {}
+    for item in settings:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--sampler-setting must look like KEY=VALUE, got {item!r}")
+        try:
+            pairs[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            pairs[key] = raw
+    base = None
+    if name is None:
+        from .generation_config import DiffusionGemmaGenerationConfig
+
+        try:
+            base = DiffusionGemmaGenerationConfig.from_pretrained(model_path).sampler_config
+        except OSError:  # no generation_config.json: the built-in default
+            base = None
+        if base is None:
+            name = "entropy-bound"
+    try:
+        config_class = sampler_config_class_named(name) if name is not None else type(base)
+        return sampler_config_from(config_class, pairs, base)
+    except SamplerSettingError as error:
+        flag = "--sampler" if error.field == "sampler" and name is not None and not pairs else "--sampler-setting"
+        raise ValueError(f"{flag} {error.field}: {error}") from None
 
 
 class _ProgressLine:

@@ -18,6 +18,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 
+from .diffusers_views import attach_diffusers_views, pipeline_forward_inputs
 from .generation.loop import generate
 from .generation_config import DiffusionGemmaGenerationConfig
 from .loading import PipelineLoadError, generation_config_for, load_pretrained, save_atomically
@@ -95,6 +96,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         self.model = DiffusionGemmaModel(config)
         self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
         self.post_init()
+        attach_diffusers_views(self)  # what diffusers' DiffusionGemmaPipeline calls (diffusers_views.py)
 
     def init_parallel_plans(self) -> None:
         """transformers' plans plus the text stack's under our module paths (`modeling/parallel.py`)."""
@@ -266,6 +268,10 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         check_no_audio_or_video(kwargs)
         if kwargs:
             raise TypeError(f"forward() got unexpected keyword arguments: {sorted(kwargs)}")
+        if past_key_values is not None and not isinstance(past_key_values, BlockDiffusionCache):
+            # diffusers' pipeline: its transformers cache carries ours (diffusers_views.py)
+            past_key_values, decoder_attention_mask = pipeline_forward_inputs(self, past_key_values,
+                                                                              decoder_attention_mask)
         vision = dict(pixel_values=pixel_values, image_position_ids=image_position_ids,
                       mm_token_type_ids=mm_token_type_ids, mm_encoder_outputs=mm_encoder_outputs)
         if input_ids is None and any(v is not None for v in vision.values()):

@@ -22,7 +22,7 @@ from .finite import NonFiniteLogitsError, raise_for_faults
 from .outputs import DiffusionGemmaGenerationOutput, generation_output, tokens_per_forward
 from .resolve import GenerationRun, check_ar_sampling_kwargs, generated_length, resolve_batching, resolve_run
 from .engine import Plan, soft_embedder
-from .sampler import temperature_schedule
+from .sampler import init_sampler_state, temperature_schedule
 from .state import CanvasState
 from .step import StepSettings, denoise_step, row_index
 from .stopping import finalize_canvas, stopper_for
@@ -103,6 +103,7 @@ def new_canvas(model, run: GenerationRun, settings: StepSettings, sequences: tor
         finished_denoising=finished.clone() if run.fast else torch.zeros_like(finished), forward_passes=passes,
         steps_remaining=settings.max_steps, sequences=sequences, finished_sequences=finished,
         rows=live if run.fast else None, stop_state=settings.plan.stopper.init_state(B, L, device),
+        sampler_state=init_sampler_state(sampler, B, L, device),
         prompt_width=run.input_ids.shape[1],
     )
 

@@ -28,6 +28,7 @@ from ..modeling.host import device_tensor
 from ..modeling.vision import PromptImages, stack_rows
 from .engine import Plan, StepRows, denoise_rows
 from .finite import NonFiniteLogitsError, raise_for_faults
+from .sampler import init_sampler_state
 from .stopping import pad_after_eos
 
 PREFILL, COMMIT, DENOISE = "prefill", "commit", "denoise"
@@ -58,6 +59,7 @@ class Row:
     passes: int = 0
     canvases: list = field(default_factory=list)  # committed [L] canvases
     stop_state: torch.Tensor | None = None  # [1, ...] the stopper's history
+    sampler_state: torch.Tensor | None = None  # [1, ...] a stateful sampler's state
 
     def __post_init__(self):
         if self.tokens is None:
@@ -142,6 +144,7 @@ class RowPool:
         r.argmax = r.tokens
         r.phase, r.steps_remaining = DENOISE, plan.max_steps
         r.stop_state = plan.stopper.init_state(1, self.L, device)
+        r.sampler_state = init_sampler_state(plan.sampler, 1, self.L, device)
 
     def _denoise(self, rows: list[Row], hidden: torch.Tensor, events: PassEvents) -> None:
         """The engine step for the denoising rows (hidden [d, L, H]), one call per plan, then one host read."""
@@ -152,7 +155,7 @@ class RowPool:
         for members in groups.values():
             group = [rows[j] for j in members]
             index = device_tensor(members, torch.long, hidden.device) if len(members) < len(rows) else None
-            states = [r.stop_state for r in group]
+            states, sampler_states = [r.stop_state for r in group], [r.sampler_state for r in group]
             try:
                 out = denoise_rows(self.model, group[0].plan, StepRows(
                     hidden=hidden if index is None else hidden[index], canvas=torch.stack([r.tokens for r in group]),
@@ -162,6 +165,7 @@ class RowPool:
                     steps_remaining=[r.steps_remaining for r in group],
                     generators=[r.generator for r in group] if group[0].plan.sampler.per_row else None,
                     stop_state=torch.cat(states) if states[0] is not None else None,
+                    sampler_state=torch.cat(sampler_states) if sampler_states[0] is not None else None,
                 ))
             except Exception as error:  # noqa: BLE001 - one plan's failure (its sampler, stopper, processors) fails
                 # only the rows of that plan; the others' step and state are untouched
@@ -189,6 +193,7 @@ class RowPool:
                     continue
                 r.tokens, r.argmax, r.soft = out.canvas[j], out.argmax[j], out.soft[j]
                 r.stop_state = out.stop_state[j : j + 1] if out.stop_state is not None else None
+                r.sampler_state = out.sampler_state[j : j + 1] if out.sampler_state is not None else None
                 r.passes += 1
                 r.steps_remaining -= 1
                 events.stepped.append(r)

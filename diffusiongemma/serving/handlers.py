@@ -42,6 +42,16 @@ class DiffusionSettingFields(TypedDict, total=False):
     confidence_threshold: float
     sampling: str
     stream_drafts: bool
+    # `sampler` and the built-in samplers' settings (sampler_request.py; tests check this list is complete)
+    sampler: str
+    threshold: float
+    editing_threshold: float
+    greedy: bool
+    factor: float
+    corrector_steps: int
+    corrector_k: int
+    corrector_selection: str
+    corrector_selection_tau: float
 
 
 class DiffusionFields(TransformersCompletionCreateParamsStreaming, DiffusionSettingFields, total=False):
