@@ -20,6 +20,7 @@ setup(
         "tokenizers>=0.23.1,<0.24",
         "huggingface_hub>=1.31,<3",
         "tqdm>=4.60",
+        "outlines-core>=0.2.14,<0.3",  # constrained denoising (diffusiongemma/constraints); tested: 0.2.14
     ],
     extras_require={
         # the test extra carries the serve, vision and convert extras, so CI runs their tests (tests/serving,
@@ -29,7 +30,9 @@ setup(
                  "tensorstore==0.1.86", "jax[cpu]==0.10.2", "ml_dtypes>=0.5", "numpy>=1.26", "zstandard>=0.22",
                  "peft>=0.21,<0.22", "datasets>=5.2,<6",
                  # the reference for the commit-style samplers and the pipeline our model runs in (tested: 0.42.1)
-                 "diffusers>=0.42.1,<0.43"],
+                 "diffusers>=0.42.1,<0.43",
+                 # validates constrained JSON answers in the tests (tested: 4.25)
+                 "jsonschema>=4.18,<5"],
         # fine-tuning (docs/training.md): PEFT LoRA adapters, and `diffusiongemma train sft --data DATASET_DIR`
         # (a `datasets` save_to_disk folder); tested with peft 0.21.2, datasets 5.2.0
         "train": ["peft>=0.21,<0.22", "datasets>=5.2,<6"],

@@ -12,6 +12,7 @@ rather than letting the pipeline retry with transformers' built-in class.
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
 
 from .accuracy import Trace, load_trace
+from .constraints import ConstraintError, JsonSchema, Regex
 from .generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig
 from .model import DiffusionGemmaForBlockDiffusion, PipelineLoadError
 from .modeling import BlockDiffusionCache, DiffusionGemmaConfig, DiffusionGemmaOutput, DiffusionGemmaTextConfig
@@ -33,6 +34,7 @@ __all__ = [
     "BlockDiffusionCache",
     "BlockRefinementSamplerConfig",
     "ConfidenceThresholdSamplerConfig",
+    "ConstraintError",
     "DiffusionGemmaConfig",
     "DiffusionGemmaDataCollator",
     "DiffusionGemmaForBlockDiffusion",
@@ -42,7 +44,9 @@ __all__ = [
     "DiffusionGemmaTextConfig",
     "DiscreteDDIMSamplerConfig",
     "EntropyBoundSamplerConfig",
+    "JsonSchema",
     "PipelineLoadError",
+    "Regex",
     "Trace",
     "load_processor",
     "load_trace",

@@ -3,6 +3,7 @@
     diffusiongemma generate --model PATH "prompt"      generate text with a checkpoint folder
         [--sampler NAME --sampler-setting K=V ...]       ... with another sampler (docs/samplers.md)
         [--image FILE ...]                               ... about images (docs/vision.md)
+        [--regex P | --json-schema FILE]                 ... that matches a constraint (docs/constraints.md)
     diffusiongemma sudoku [--puzzle P | --puzzles F | --eval N] [--json]
     diffusiongemma train sudoku --out DIR
     diffusiongemma train sft --model PATH --data FILE.jsonl --out DIR [--lora]   fine-tune (docs/training.md)
@@ -72,7 +73,33 @@ def add_generate_command(subparsers) -> None:
                    help="an image the prompt is about (repeat for several, in order); read with Pillow. The prompt's "
                         "image tokens mark where each goes; without any, the images come first (docs/vision.md)")
     p.add_argument("--allow-network", action="store_true", help="let --image take http(s) URLs and download them")
+    constrain = p.add_mutually_exclusive_group()
+    constrain.add_argument("--regex", default=None, metavar="P",
+                           help="the answer fully matches regular expression P (docs/constraints.md)")
+    constrain.add_argument("--json-schema", default=None, metavar="FILE",
+                           help="the answer is JSON valid under the JSON schema in FILE (docs/constraints.md)")
     p.set_defaults(func=run_generate)
+
+
+def constraint_from_args(args):
+    """The `Regex` / `JsonSchema` of --regex / --json-schema, or None. A schema file that cannot be read or is not
+    JSON is an error naming the file."""
+    from .constraints import JsonSchema, Regex
+
+    if getattr(args, "regex", None) is not None:
+        return Regex(args.regex)
+    if getattr(args, "json_schema", None) is None:
+        return None
+    import json
+
+    try:
+        with open(args.json_schema, encoding="utf-8") as f:
+            schema = json.load(f)
+    except OSError as error:
+        raise ValueError(f"--json-schema {args.json_schema}: cannot read it ({error.strerror})") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--json-schema {args.json_schema}: not JSON (line {error.lineno}: {error.msg})") from None
+    return JsonSchema(schema)
 
 
 def run_generate(args) -> int:
@@ -85,6 +112,7 @@ def run_generate(args) -> int:
     from .processing import image_prompt_inputs, load_image, load_processor
 
     check_model_folder(args.model)  # first: "not a DiffusionGemma folder" says more than "no tokenizer"
+    constraint = constraint_from_args(args)  # a bad regex or schema fails before the model loads
     tokenizer_path = args.tokenizer or args.model
     if not has_tokenizer_files(tokenizer_path):
         where = "--tokenizer" if args.tokenizer else "--model"
@@ -139,11 +167,17 @@ def run_generate(args) -> int:
     else:  # named: a sampler whose default is per-row ("fast") still runs reference here, as the flag says
         overrides["sampling"] = "reference"
         torch.manual_seed(args.seed)
+    if constraint is not None:
+        overrides.update(constraint=constraint, tokenizer=tokenizer)
     out = model.generate(ids, streamer=_Tee(printer, progress), **overrides)
     if not args.quiet:
         tpf = out.tokens_per_forward.tolist() if hasattr(out, "tokens_per_forward") else []
         print(f"[{canvases} canvas(es) max, tokens per forward: {', '.join(f'{t:.2f}' for t in tpf)}]",
               file=sys.stderr)
+    if getattr(out, "truncated", None) is not None and bool(out.truncated.any()):
+        print("error: --max-new-tokens ran out before the answer matched the constraint: the text above is "
+              "incomplete", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -61,6 +61,7 @@ def generate_in_chunks(generate, model, run: GenerationRun):
             model, ids[a : a + chunk], None if mask is None else mask[a : a + chunk], generation_config=config,
             logits_processor=run.processors, stopping_criteria=run.user_criteria, sampling="fast",
             generator=run.generators[a : a + chunk], batching="lockstep", return_dict_in_generate=True,
+            constraint=run.constraint, tokenizer=run.tokenizer,
             **{k: v[a : a + chunk] for k, v in seeded.items() if v is not None}, **vision,
         ))
     width = max(o.sequences.shape[1] for o in outs)

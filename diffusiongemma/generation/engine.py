@@ -40,6 +40,8 @@ class Plan:
         processors: the user's logits processors (3-D scores), or None.
         soft_embed: hands the sampler the embedding of its probabilities for self-conditioning, or None: reference
             mode with non-fp32 embeddings, where the input must come from the logits (`soft_embedder`).
+        constraint: a `constraints.ConstraintGuide` (the argmax canvas becomes the best one the constraint
+            accepts), or None.
     """
 
     sampler: Sampler
@@ -48,6 +50,7 @@ class Plan:
     temperatures: torch.Tensor
     processors: LogitsProcessorList | None
     soft_embed: SoftEmbed | None
+    constraint: object | None = None
 
     @cached_property
     def processor_arguments(self) -> tuple:
@@ -186,6 +189,9 @@ def denoise_rows(model, plan: Plan, rows: StepRows, keep_logits: bool = False) -
         logits, (processors_bad, empty) = apply_processors(plan, rows, logits)
     temperature = row_temperatures(plan, rows.steps_remaining)  # [B']
     logits = logits.div_(temperature[:, None, None])
+    path = None
+    if plan.constraint is not None:  # the constraint's best canvas (and, if it projects, its allowed tokens)
+        logits, path = plan.constraint.project(logits, rows.sequences, rows.row_ids, rows.position_offsets)
     # d-g. the sampler: argmax, entropy, sample, accept, re-noise, and (from its softmax) the self-conditioning input
     soft = None
     if plan.soft_embed is None:  # from the logits, before the sampler may overwrite them (no RNG involved)
@@ -202,6 +208,8 @@ def denoise_rows(model, plan: Plan, rows: StepRows, keep_logits: bool = False) -
         empty = empty if empty is not None else torch.zeros_like(model_bad)
         raise_for_faults(fault_codes(model_bad, processors_bad, empty).tolist(), step[0] + 1, None, rows.row_ids)
         raise
+    if path is not None:  # what the stopper reads and the commit keeps: a canvas the constraint accepts
+        out = out._replace(argmax=path)
     if soft is None:
         soft = out.soft
     if soft is None:  # the sampler left the logits untouched and built no soft embedding: do it here (spec C.9)

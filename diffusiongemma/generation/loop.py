@@ -14,7 +14,9 @@ from functools import partial
 
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
+from transformers.utils import logging
 
+from ..constraints.guide import ConstraintGuide
 from ..modeling.compile import capacity_bucket, compiled_denoise_pass
 from ..modeling.masks import PaddingSlots
 from .batching import generate_in_chunks, generate_mixed
@@ -26,6 +28,8 @@ from .sampler import init_sampler_state, temperature_schedule
 from .state import CanvasState
 from .step import StepSettings, denoise_step, row_index
 from .stopping import finalize_canvas, stopper_for
+
+logger = logging.get_logger(__name__)
 
 __all__ = [
     "DiffusionGemmaGenerationOutput", "check_ar_sampling_kwargs", "denoise_step", "generate", "generated_length",
@@ -41,6 +45,8 @@ def plan_for(model, run: GenerationRun) -> Plan:
         temperatures=temperature_schedule(config.max_denoising_steps, config.t_min, config.t_max,
                                           run.input_ids.device),
         processors=run.processors, soft_embed=soft_embedder(model.get_decoder(), exact_reference=not run.fast),
+        constraint=(ConstraintGuide(run.automaton, model.canvas_length, run.max_new_tokens)
+                    if run.automaton is not None else None),
     )
 
 
@@ -213,6 +219,8 @@ def generate(
     return_trace: bool = False,
     trace_top_k: int = 8,
     trace_sc_embedding: bool = False,
+    constraint=None,
+    tokenizer=None,
     **kwargs,
 ):
     """Generate whole canvases by block-autoregressive denoising.
@@ -254,6 +262,10 @@ def generate(
         trace_top_k: how many of the most likely tokens a trace keeps per position (default 8).
         trace_sc_embedding: the trace also keeps each step's exact self-conditioning input [B, L, H] (4*H bytes
             per position), so a replay needs no top-k approximation.
+        constraint: `diffusiongemma.Regex(pattern)` or `diffusiongemma.JsonSchema(schema)`: every committed canvas
+            is the most probable one the constraint accepts, so each answer matches it (docs/constraints.md). The
+            output's `truncated` [B] flags rows whose `max_new_tokens` ran out first (a warning names them).
+        tokenizer: the model's tokenizer, needed with `constraint` (the automaton is compiled over its tokens).
         **kwargs: generation config fields (max_new_tokens, max_denoising_steps, t_min, ...) override the config;
             `decoder_input_ids` [B, L] and `self_conditioning_logits` [B, L, V] seed the first canvas;
             `pixel_values`, `image_position_ids`, `mm_token_type_ids` (the Gemma 4 processor's output) or
@@ -267,9 +279,29 @@ def generate(
         batching = "lockstep"
     run = resolve_run(model, input_ids, attention_mask, generation_config, streamer, logits_processor,
                       stopping_criteria, past_key_values, sampling, seed, generator, batching, max_batch_size, kwargs,
-                      return_trace=return_trace, trace_top_k=trace_top_k, trace_sc_embedding=trace_sc_embedding)
+                      return_trace=return_trace, trace_top_k=trace_top_k, trace_sc_embedding=trace_sc_embedding,
+                      constraint=constraint, tokenizer=tokenizer)
     if run.batching == "chunks":
-        return generate_in_chunks(partial(generate, compile=compile), model, run)
-    if run.batching == "mixed":
-        return generate_mixed(model, run, plan_for(model, run))
-    return generate_lockstep(model, run, streamer, compile_options)
+        out = generate_in_chunks(partial(generate, compile=compile), model, run)
+    elif run.batching == "mixed":
+        out = generate_mixed(model, run, plan_for(model, run))
+    else:
+        out = generate_lockstep(model, run, streamer, compile_options)
+    return flag_truncated(out, run, model.canvas_length)
+
+
+def flag_truncated(out, run: GenerationRun, canvas_length: int):
+    """With a constraint: `out.truncated` [B], True where the answer is not complete; a warning names those rows."""
+    if run.automaton is None:
+        return out
+    sequences = out if isinstance(out, torch.Tensor) else out.sequences
+    guide = ConstraintGuide(run.automaton, canvas_length, run.max_new_tokens)
+    start = run.input_ids.shape[1]
+    truncated = ~guide.complete(sequences[:, start : start + run.max_new_tokens])  # [B] within the budget
+    rows = [b for b, t in enumerate(truncated.tolist()) if t]
+    if rows:
+        logger.warning(f"max_new_tokens ran out before the {run.automaton.description} answer was complete in rows "
+                       f"{rows}: their tokens are a valid prefix only (see `truncated`)")
+    if not isinstance(out, torch.Tensor):
+        out.truncated = truncated
+    return out

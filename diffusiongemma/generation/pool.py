@@ -159,7 +159,8 @@ class RowPool:
             try:
                 out = denoise_rows(self.model, group[0].plan, StepRows(
                     hidden=hidden if index is None else hidden[index], canvas=torch.stack([r.tokens for r in group]),
-                    sequences=[torch.cat([r.prompt, *r.canvases]) for r in group] if group[0].plan.processors else [],
+                    sequences=[torch.cat([r.prompt, *r.canvases]) for r in group]
+                    if group[0].plan.processors or group[0].plan.constraint is not None else [],
                     row_ids=[r.index for r in group],
                     position_offsets=[len(r.prompt) + len(r.canvases) * self.L for r in group],
                     steps_remaining=[r.steps_remaining for r in group],

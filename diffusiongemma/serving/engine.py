@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 from transformers.cli.serving.model_manager import ModelManager
 from transformers.cli.serving.utils import BaseGenerateManager, GenerationState, Modality, _StreamError
 
+from .constraint_fields import compiled_constraint
 from .scheduler import Job, ServingScheduler
 from .settings import RequestSettings, check_length
 from .streamer import DraftText, RowStreamer
@@ -85,6 +86,8 @@ class DiffusionGenerateManager(BaseGenerateManager):
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         tokenizer = getattr(processor, "tokenizer", processor)
+        settings.automaton = compiled_constraint(settings, tokenizer, self.scheduler.V)  # else 400
+        settings.tokenizer = tokenizer
         streamer = RowStreamer(tokenizer, loop, queue, settings, response_parser=response_parser)
         self.scheduler.submit(Job(prompt, settings, streamer))  # QueueFull: 429 (handlers.add_error_handlers)
         return queue, streamer

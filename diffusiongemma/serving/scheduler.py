@@ -22,6 +22,7 @@ import torch
 from transformers import LogitsProcessorList
 from transformers.utils import logging
 
+from ..constraints.guide import ConstraintGuide
 from ..generation.engine import Plan, soft_embedder
 from ..generation.pool import Row, RowPool
 from ..generation.sampler import SamplerContext, sampler_class_for, temperature_schedule
@@ -173,6 +174,8 @@ class ServingScheduler:
         c = s.config
         key = (s.sampling, repr(c.sampler_config), c.max_denoising_steps, c.t_min, c.t_max, c.stability_threshold,
                c.confidence_threshold)
+        if s.automaton is not None:  # one guide per constraint and budget; it keeps each row's state by its id
+            key += (id(s.automaton), s.max_new_tokens)
         if key not in self._plans:
             sampler_class = sampler_class_for(c.sampler_config, s.sampling)
             self._plans[key] = Plan(
@@ -181,6 +184,8 @@ class ServingScheduler:
                 temperatures=temperature_schedule(c.max_denoising_steps, c.t_min, c.t_max, self.device),
                 processors=self.processors,
                 soft_embed=soft_embedder(self.model.get_decoder(), exact_reference=not sampler_class.per_row),
+                constraint=(ConstraintGuide(s.automaton, self.L, s.max_new_tokens) if s.automaton is not None
+                            else None),
             )
         return self._plans[key]
 
@@ -202,6 +207,8 @@ class ServingScheduler:
         self._pool.remove(rows)
         for r in rows:
             r.owner.streamer.end()
+            if r.plan.constraint is not None:
+                r.plan.constraint.forget(r.index)
 
     def _stream(self, events) -> None:
         """A pass's events to the requests' streams: drafts, committed canvases, failures, ends."""
@@ -217,6 +224,9 @@ class ServingScheduler:
             r.owner.streamer.fail(str(error))
         for r in events.finished:
             r.owner.streamer.end()
+        for r in events.finished + [r for r, _ in events.faulted]:
+            if r.plan.constraint is not None:
+                r.plan.constraint.forget(r.index)
 
     def _run_alone(self, job: Job) -> None:
         """A request with global-RNG sampling: `model.generate` on this thread, the pool paused."""
@@ -229,7 +239,8 @@ class ServingScheduler:
         try:
             self.model.generate(job.prompt[None], generation_config=s.config, sampling=s.sampling,
                                 streamer=job.streamer, max_new_tokens=s.max_new_tokens,
-                                logits_processor=self.processors)
+                                logits_processor=self.processors, constraint=s.constraint,
+                                tokenizer=s.tokenizer if s.constraint is not None else None)
         except _GenerationCancelled:
             job.streamer.end()
         except Exception as error:  # noqa: BLE001 - the request fails, the server goes on

@@ -60,6 +60,10 @@ class RequestSettings:
     stream_drafts: bool = False
     length_field: str = "max_tokens"  # the body field that set max_new_tokens (named by a length error)
     prompt_field: str = "messages"  # the body field holding the prompt ("messages" or "prompt")
+    constraint: object = None  # `Regex` / `JsonSchema` from `response_format` or `regex` (constraint_fields.py)
+    constraint_field: str | None = None  # the body field it came from
+    automaton: object = None  # the constraint compiled over the server's tokenizer
+    tokenizer: object = None  # that tokenizer
 
     @property
     def eos_token_id(self):
