@@ -2,55 +2,15 @@
 outputs (entropy, self-conditioning input) and tokens are bit-identical to its solo run, over random irregular
 configs, prompt lengths, pool sizes and batch orders; the default mode is shown not to be (so the switch matters)."""
 
-import collections
 import random
 
 import pytest
 import torch
 
 from conftest import tiny_config, tiny_model
-
-import diffusiongemma.generation.pool as pool_module
+from invariant_helpers import CONFIGS, StepLog, bit_equal
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-# irregular shapes: odd head counts and dims, top-k not dividing the experts, windows shorter than a prompt
-CONFIGS = [
-    dict(hidden_size=40, num_attention_heads=4, num_key_value_heads=1, head_dim=12, intermediate_size=72,
-         moe_intermediate_size=24, num_experts=5, top_k_experts=3, num_hidden_layers=3, canvas_length=8),
-    dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3, head_dim=20, intermediate_size=136,
-         moe_intermediate_size=44, num_experts=7, top_k_experts=2, sliding_window=5, num_hidden_layers=4),
-    dict(hidden_size=200, num_attention_heads=4, num_key_value_heads=2, head_dim=52, global_head_dim=64,
-         intermediate_size=328, moe_intermediate_size=120, num_experts=12, top_k_experts=3, sliding_window=13,
-         vocab_size=1000, canvas_length=32, num_hidden_layers=3),
-]
-
-
-class StepLog:
-    """Wraps the pool's engine step: per row id, every step's decoder hidden [L, H] and its outputs."""
-
-    def __init__(self, monkeypatch):
-        self.rows = collections.defaultdict(list)
-        inner = pool_module.denoise_rows
-
-        def denoise_rows(model, plan, rows):
-            out = inner(model, plan, rows)
-            for j, row_id in enumerate(rows.row_ids):
-                self.rows[row_id].append((rows.hidden[j].clone(), out.entropy[j].clone(), out.soft[j].clone(),
-                                          out.canvas[j].clone()))
-            return out
-
-        monkeypatch.setattr(pool_module, "denoise_rows", denoise_rows)
-
-    def take(self, row_id=None):
-        rows = dict(self.rows)
-        self.rows.clear()
-        return rows if row_id is None else rows[row_id]
-
-
-def bit_equal(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for sa, sb in zip(a, b) for x, y in zip(sa, sb))
-
 
 def padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     P = max(len(p) for p in prompts)
