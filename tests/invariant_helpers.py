@@ -20,17 +20,18 @@ CONFIGS = [
 
 
 class StepLog:
-    """Wraps the pool's engine step: per row id, every step's decoder hidden [L, H] and its outputs."""
+    """Wraps the pool's engine step: per row id, every step's decoder hidden [L, H], its tempered logits [L, V]
+    (the step's own `keep_logits` copy), entropy [L], self-conditioning input [L, H] and next canvas [L]."""
 
     def __init__(self, monkeypatch):
         self.rows = collections.defaultdict(list)
         inner = pool_module.denoise_rows
 
         def denoise_rows(model, plan, rows):
-            out = inner(model, plan, rows)
+            out = inner(model, plan, rows, keep_logits=True)  # the tempered logits, kept (no other effect)
             for j, row_id in enumerate(rows.row_ids):
-                self.rows[row_id].append((rows.hidden[j].clone(), out.entropy[j].clone(), out.soft[j].clone(),
-                                          out.canvas[j].clone()))
+                self.rows[row_id].append((rows.hidden[j].clone(), out.logits[j], out.entropy[j].clone(),
+                                          out.soft[j].clone(), out.canvas[j].clone()))
             return out
 
         monkeypatch.setattr(pool_module, "denoise_rows", denoise_rows)

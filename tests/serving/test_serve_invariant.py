@@ -94,3 +94,30 @@ def test_invariant_server_rows_are_bit_identical_to_generate_alone(case, monkeyp
         tokens = torch.cat(rec.canvases[1:])  # [0] is the prompt
         assert bit_equal(served[k], log.take(0))
         assert torch.equal(tokens, alone[: len(tokens)]) and len(tokens) == len(alone)
+
+
+def test_serve_flag_reaches_the_scheduler(monkeypatch):
+    """`diffusiongemma serve --batch-invariant` -> ServeOptions -> the generation state's scheduler options."""
+    pytest.importorskip("uvicorn")
+    import uvicorn
+
+    import diffusiongemma.serving.app as app_module
+    from diffusiongemma.cli import build_parser
+    from diffusiongemma.serving.engine import DiffusionGenerationState
+
+    seen = {}
+
+    class Served:
+        app, state = None, type("S", (), {"shutdown": staticmethod(lambda: None)})
+
+    monkeypatch.setattr(app_module, "build_app", lambda options: seen.setdefault("options", options) and Served)
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
+    for argv, want in ((["serve", "--model", "m", "--batch-invariant"], True), (["serve", "--model", "m"], False)):
+        seen.clear()
+        args = build_parser().parse_args(argv)
+        assert args.func(args) == 0
+        assert seen["options"].batch_invariant is want
+    manager = DiffusionGenerationState(max_batch_size=2, batch_invariant=True).get_manager("m")
+    assert manager.options["batch_invariant"] is True
+    with pytest.raises(TypeError, match="batch_invariant"):
+        ServingScheduler(tiny_model(tiny_config(**CONFIGS[0])), batch_invariant="yes")
