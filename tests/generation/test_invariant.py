@@ -103,3 +103,32 @@ def test_batch_invariant_must_be_a_bool():
     model = tiny_model(tiny_config(**CONFIGS[0]))
     with pytest.raises(TypeError, match="batch_invariant"):
         model.generate(torch.arange(3, 9)[None], max_new_tokens=8, sampling="fast", seed=0, batch_invariant="yes")
+
+
+@torch.no_grad()
+def test_invariant_image_prompts():
+    """One image prompt per call runs in the mode (and gives its own tokens again, through the pool); a batch of
+    image prompts is refused, since the vision tower encodes a batch's images together."""
+    from vision_builders import image_prompt, random_image, tiny_processor, tiny_vision_config
+
+    model, processor = tiny_model(tiny_vision_config()), tiny_processor()
+    images = [random_image(40, 60, 0), random_image(90, 30, 1)]
+    kw = dict(max_new_tokens=32, max_denoising_steps=2, sampling="fast", batch_invariant=True)
+    one = image_prompt(["two <x125> images <x125>"], [images], processor)
+    first = model.generate(**one, seed=[3], **kw).sequences
+    assert torch.equal(model.generate(**one, seed=[3], **kw).sequences, first)
+    two = image_prompt(["two <x125> images <x125>", "one <x125>"], [images, images[1:]], processor)
+    with pytest.raises(ValueError, match="batch_invariant=True` with image prompts"):
+        model.generate(**two, seed=[3, 4], **kw)
+
+
+@pytest.mark.parametrize("attn", ["eager"])  # flex_attention passed too, but its unfused CPU path takes ~30 s here
+def test_invariant_with_other_attention_backends(attn, monkeypatch):
+    config = tiny_config(**CONFIGS[1])
+    config._attn_implementation = attn
+    model = tiny_model(config, seed=1)
+    assert model.attention_backend == {"eager": "eager", "flex_attention": "flex"}[attn]
+    log = StepLog(monkeypatch)
+    for solo_tokens, solo_steps, tokens, steps in run_case(model, log, random.Random(11), True, rows=3):
+        assert bit_equal(steps, solo_steps)
+        assert torch.equal(tokens, solo_tokens)
