@@ -17,6 +17,7 @@ from .model import DiffusionGemmaForBlockDiffusion, PipelineLoadError
 from .modeling import BlockDiffusionCache, DiffusionGemmaConfig, DiffusionGemmaOutput, DiffusionGemmaTextConfig
 from .generation.sampler import register_sampler
 from .processing import DiffusionGemmaProcessor, load_processor
+from .training.collator import DiffusionGemmaDataCollator
 
 AutoModelForCausalLM.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
 AutoModelForImageTextToText.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BlockDiffusionCache",
     "DiffusionGemmaConfig",
+    "DiffusionGemmaDataCollator",
     "DiffusionGemmaForBlockDiffusion",
     "DiffusionGemmaGenerationConfig",
     "DiffusionGemmaOutput",

@@ -4,6 +4,7 @@
         [--image FILE ...]                               ... about images (docs/vision.md)
     diffusiongemma sudoku [--puzzle P | --puzzles F | --eval N] [--json]
     diffusiongemma train sudoku --out DIR
+    diffusiongemma train sft --model PATH --data FILE.jsonl --out DIR [--lora]   fine-tune (docs/training.md)
     diffusiongemma quantize --scheme fp8-dynamic|nvfp4 SRC DST
     diffusiongemma trace | compare | golden             reference accuracy (docs/reference-accuracy.md)
 
@@ -198,8 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .quantization.cli import add_quantize_command
     from .serving.cli import add_serve_commands
     from .sudoku.cli import add_sudoku_commands
+    from .training.cli import add_sft_command
 
-    add_sudoku_commands(subparsers)
+    add_sft_command(add_sudoku_commands(subparsers))  # `train sudoku`, then `train sft` beside it
     add_quantize_command(subparsers)
     add_accuracy_commands(subparsers)
     add_serve_commands(subparsers)

@@ -247,7 +247,8 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
             decoder_attention_mask: [B, S] or [B, S+L] padding over the cache (canvas part must be 1). As in the
                 reference, the decoder only masks padding when this is given.
             decoder_position_ids: [1 or B, L]; default: slots S..S+L-1.
-            labels: [B, L] clean canvas for the training loss (see `diffusiongemma.training`).
+            labels: [B, L] clean canvas for the training loss, or [B, K*L] for K canvases (see
+                `diffusiongemma.training`); `config.ar_loss_weight` (default 1.0) weighs its AR prefix loss.
             pixel_values: [I, M, 3*p*p] images from the Gemma 4 processor, encoded once into the placeholders of
                 `input_ids` (`config.image_token_id`); image_position_ids: [I, M, 2] their patch positions.
             mm_token_type_ids: [B, P] 1 at image tokens: with `use_bidirectional_attention == "vision"` each image's
@@ -277,7 +278,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         if labels is not None:
             loss = block_diffusion_loss(
                 self, input_ids=input_ids, attention_mask=attention_mask, labels=labels,
-                self_conditioning_mask=self_conditioning_mask,
+                self_conditioning_mask=self_conditioning_mask, ar_weight=getattr(self.config, "ar_loss_weight", 1.0),
             )
             return loss if return_dict else loss.to_tuple()
         text = self.config.text_config
