@@ -96,6 +96,24 @@ def test_invariant_server_rows_are_bit_identical_to_generate_alone(case, monkeyp
         assert torch.equal(tokens, alone[: len(tokens)]) and len(tokens) == len(alone)
 
 
+def test_default_server_is_not_bit_invariant(monkeypatch):
+    """Without the switch, requests sharing passes change each other's hidden states (CPU rounding by batch shape):
+    some request's steps differ from its solo run, bit for bit."""
+    rng = random.Random(7)
+    model = tiny_model(tiny_config(**CONFIGS[2]), seed=2)
+    model.generation_config = CONFIG
+    log = StepLog(monkeypatch)
+    jobs, recorders, peak = serve_and_compare(model, rng, False, requests=4)
+    assert peak >= 2
+    served = log.take()
+    same = []
+    for k, (prompt, s, _) in enumerate(jobs, start=1):
+        model.generate(prompt[None], generation_config=s.config, sampling=s.sampling, seed=s.seed,
+                       max_new_tokens=s.max_new_tokens, batching="mixed")
+        same.append(bit_equal(served[k], log.take(0)))
+    assert not all(same)
+
+
 def test_serve_flag_reaches_the_scheduler(monkeypatch):
     """`diffusiongemma serve --batch-invariant` -> ServeOptions -> the generation state's scheduler options."""
     pytest.importorskip("uvicorn")
