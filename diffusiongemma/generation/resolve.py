@@ -68,7 +68,8 @@ def resolve_batching(batching, max_batch_size, per_row: bool, batch: int, stream
         raise ValueError(f"`max_batch_size` must be a positive int, got {max_batch_size!r}")
     if not per_row:
         if batching == "mixed" or max_batch_size is not None:
-            raise ValueError("`batching='mixed'` and `max_batch_size` need sampling='fast' or another sampler that "
+            raise ValueError("`batching='mixed'` (also implied by `batch_invariant=True`) and `max_batch_size` need "
+                             "sampling='fast' or another sampler that "
                              "draws per row (this one draws from the global RNG in the built-in's order, over one "
                              "lock-step batch)")
         return "lockstep"

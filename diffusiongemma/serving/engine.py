@@ -68,7 +68,8 @@ class DiffusionModelManager(ModelManager):
 class DiffusionGenerateManager(BaseGenerateManager):
     """Generation for one model: every request becomes a row of the shared `ServingScheduler`.
 
-    Args: scheduler_options: `ServingScheduler` keyword arguments (max_batch_size, max_queue, max_model_len).
+    Args: scheduler_options: `ServingScheduler` keyword arguments (max_batch_size, max_queue, max_model_len,
+    batch_invariant).
     """
 
     def __init__(self, **scheduler_options):

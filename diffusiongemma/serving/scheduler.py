@@ -8,7 +8,8 @@ temperature schedule: requests with equal settings share one, so they sample in 
     loop: admit waiting requests into free slots -> drop abandoned rows -> one pool pass -> stream its events
 
 A row draws only from its own `torch.Generator` (seeded from the request's `seed`), in the order it draws when run
-alone. Requests whose sampler draws from the global RNG (sampling "reference", "gumbel") run alone, through
+alone. With `batch_invariant` every row also runs its own forward and engine step inside each pass, so its logits
+and tokens never depend on the other requests. Requests whose sampler draws from the global RNG (sampling "reference", "gumbel") run alone, through
 `model.generate`, between two passes (the pool waits).
 
 Legend: P prompt, L canvas length.
@@ -55,14 +56,20 @@ class ServingScheduler:
         max_model_len: most tokens a request holds (prompt + whole canvases); `RowCache` room per row.
         logits_processor: transformers `LogitsProcessor`s applied to every request's steps, as `generate` applies
             them (per-position processors get the canvas, the request's row id and its position offset).
+        batch_invariant: every row runs alone inside each pass (`generation/invariant.py`): a seeded request's
+            tokens are bit-identical to `model.generate(prompt, seed=seed, batch_invariant=True, ...)`, whatever
+            else the server runs and whenever the request arrives.
     """
 
     def __init__(self, model, max_batch_size: int = 8, max_queue: int = 64, max_model_len: int = 4096,
-                 logits_processor=None):
+                 logits_processor=None, batch_invariant: bool = False):
         self.model, self.L = model, model.canvas_length
         self.V = model.config.text_config.vocab_size
         self.max_batch_size, self.max_queue = max_batch_size, max_queue
         self.requested_max_model_len = max_model_len  # as given (--max-model-len); error messages name it
+        if not isinstance(batch_invariant, bool):
+            raise TypeError(f"`batch_invariant` must be a bool, got {batch_invariant!r}")
+        self.batch_invariant = batch_invariant
         self.max_model_len = min(max_model_len, model.config.text_config.max_position_embeddings)
         self.device = model.device
         self._waiting: collections.deque[Job] = collections.deque()
@@ -166,7 +173,8 @@ class ServingScheduler:
             # room per row: the longest request, plus padding queries of a pass as long as the longest prompt
             capacity = self.max_model_len + max(self.max_model_len - self.L, self.L)
             self._pool = RowPool(self.model, self.max_batch_size, capacity, self.device,
-                                 stop_after_canvas=lambda rows: [r.owner.streamer.abandoned for r in rows])
+                                 stop_after_canvas=lambda rows: [r.owner.streamer.abandoned for r in rows],
+                                 batch_invariant=self.batch_invariant)
         return self._pool
 
     def _plan(self, s: RequestSettings) -> Plan:
