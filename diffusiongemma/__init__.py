@@ -16,8 +16,14 @@ from .constraints import ConstraintError, JsonSchema, Regex
 from .generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig
 from .model import DiffusionGemmaForBlockDiffusion, PipelineLoadError
 from .modeling import BlockDiffusionCache, DiffusionGemmaConfig, DiffusionGemmaOutput, DiffusionGemmaTextConfig
-from .generation.sampler import register_sampler
+from .generation.sampler import (
+    BlockRefinementSamplerConfig,
+    ConfidenceThresholdSamplerConfig,
+    DiscreteDDIMSamplerConfig,
+    register_sampler,
+)
 from .processing import DiffusionGemmaProcessor, load_processor
+from .training.collator import DiffusionGemmaDataCollator
 
 AutoModelForCausalLM.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
 AutoModelForImageTextToText.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
@@ -26,13 +32,17 @@ AutoProcessor.register(DiffusionGemmaConfig, DiffusionGemmaProcessor, exist_ok=T
 __version__ = "0.1.0"
 __all__ = [
     "BlockDiffusionCache",
+    "BlockRefinementSamplerConfig",
+    "ConfidenceThresholdSamplerConfig",
     "ConstraintError",
     "DiffusionGemmaConfig",
+    "DiffusionGemmaDataCollator",
     "DiffusionGemmaForBlockDiffusion",
     "DiffusionGemmaGenerationConfig",
     "DiffusionGemmaOutput",
     "DiffusionGemmaProcessor",
     "DiffusionGemmaTextConfig",
+    "DiscreteDDIMSamplerConfig",
     "EntropyBoundSamplerConfig",
     "JsonSchema",
     "PipelineLoadError",

@@ -20,11 +20,12 @@ from ..constraints.guide import ConstraintGuide
 from ..modeling.compile import capacity_bucket, compiled_denoise_pass
 from ..modeling.masks import PaddingSlots
 from .batching import generate_in_chunks, generate_mixed
+from .invariant import invariant_batching
 from .finite import NonFiniteLogitsError, raise_for_faults
 from .outputs import DiffusionGemmaGenerationOutput, generation_output, tokens_per_forward
 from .resolve import GenerationRun, check_ar_sampling_kwargs, generated_length, resolve_batching, resolve_run
 from .engine import Plan, soft_embedder
-from .sampler import temperature_schedule
+from .sampler import init_sampler_state, temperature_schedule
 from .state import CanvasState
 from .step import StepSettings, denoise_step, row_index
 from .stopping import finalize_canvas, stopper_for
@@ -109,6 +110,7 @@ def new_canvas(model, run: GenerationRun, settings: StepSettings, sequences: tor
         finished_denoising=finished.clone() if run.fast else torch.zeros_like(finished), forward_passes=passes,
         steps_remaining=settings.max_steps, sequences=sequences, finished_sequences=finished,
         rows=live if run.fast else None, stop_state=settings.plan.stopper.init_state(B, L, device),
+        sampler_state=init_sampler_state(sampler, B, L, device),
         prompt_width=run.input_ids.shape[1],
     )
 
@@ -215,6 +217,7 @@ def generate(
     batching: str | None = None,
     max_batch_size: int | None = None,
     compile: bool | dict = False,
+    batch_invariant: bool = False,
     return_trace: bool = False,
     trace_top_k: int = 8,
     trace_sc_embedding: bool = False,
@@ -255,6 +258,12 @@ def generate(
             canvases); encoder passes stay eager. The graphs are kept on the model for later calls; the first call
             pays the compilation. A dict passes `mode` ("reduce-overhead": CUDA graphs) or `backend`. Lock-step
             only: it selects lock-step batching when `batching` is unset.
+        batch_invariant: every row runs alone inside the row pool (its own forward and engine step, at the shapes
+            of its solo run), so a seeded row's logits and tokens are bit-identical to running it alone with
+            `batch_invariant=True`, whatever else shares the batch (prompt lengths, padding, `max_batch_size`).
+            Implies batching="mixed" (also for one row); refuses lock-step batching, `compile`, a streamer,
+            `past_key_values`, `return_trace`, samplers drawing from the global RNG, and image prompts in a batch
+            of several rows (the vision tower encodes them together). Costs throughput: see docs/generation.md.
         return_trace: also return `out.trace`, a `diffusiongemma.accuracy.Trace` of every canvas and step (input
             canvas, self-conditioning top-k, argmax, entropy, accepted mask, temperature, stop decision, committed
             tokens; see docs/trace-format.md). Lock-step batching only; implies a dict output. Off: no cost.
@@ -276,6 +285,8 @@ def generate(
     compile_options = compile_options_of(compile, batching)
     if compile_options is not None and batching is None:
         batching = "lockstep"
+    batching = invariant_batching(batch_invariant, batching, compile_options, streamer, past_key_values,
+                                  return_trace)
     run = resolve_run(model, input_ids, attention_mask, generation_config, streamer, logits_processor,
                       stopping_criteria, past_key_values, sampling, seed, generator, batching, max_batch_size, kwargs,
                       return_trace=return_trace, trace_top_k=trace_top_k, trace_sc_embedding=trace_sc_embedding,
@@ -283,7 +294,10 @@ def generate(
     if run.batching == "chunks":
         out = generate_in_chunks(partial(generate, compile=compile), model, run)
     elif run.batching == "mixed":
-        out = generate_mixed(model, run, plan_for(model, run))
+        if batch_invariant and run.images is not None and run.input_ids.shape[0] > 1:
+            raise ValueError("`batch_invariant=True` with image prompts needs one prompt per call: the vision tower "
+                             "encodes a batch's images together")
+        out = generate_mixed(model, run, plan_for(model, run), batch_invariant)
     else:
         out = generate_lockstep(model, run, streamer, compile_options)
     return flag_truncated(out, run, model.canvas_length)

@@ -68,7 +68,8 @@ def resolve_batching(batching, max_batch_size, per_row: bool, batch: int, stream
         raise ValueError(f"`max_batch_size` must be a positive int, got {max_batch_size!r}")
     if not per_row:
         if batching == "mixed" or max_batch_size is not None:
-            raise ValueError("`batching='mixed'` and `max_batch_size` need sampling='fast' or another sampler that "
+            raise ValueError("`batching='mixed'` (also implied by `batch_invariant=True`) and `max_batch_size` need "
+                             "sampling='fast' or another sampler that "
                              "draws per row (this one draws from the global RNG in the built-in's order, over one "
                              "lock-step batch)")
         return "lockstep"
@@ -112,7 +113,9 @@ def resolve_trace(return_trace: bool, trace_top_k: int, batching: str, past_key_
     return trace_top_k
 
 
-SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes a 64-bit unsigned seed
+# torch.Generator.manual_seed takes 64 bits, but the CPU generator (mt19937) keeps only the low 32: seeds s and
+# s + 2**32 would give the same draws. One bound on every device keeps a seed meaning the same thing everywhere.
+SEED_MAX = 2**32 - 1
 
 
 def check_seed(seed, batch: int) -> None:
@@ -126,8 +129,8 @@ def check_seed(seed, batch: int) -> None:
             raise TypeError(f"`seed` must be an int or a list of ints, got {s!r} ({type(s).__name__})")
     top = max(seeds) + (batch - 1 if not isinstance(seed, (list, tuple)) else 0) if seeds else 0
     if seeds and (min(seeds) < 0 or top > SEED_MAX):
-        raise ValueError(f"`seed` must lie in [0, 2**64 - 1] (for every row: an int seed gives row b seed + b), got "
-                         f"{seed!r}")
+        raise ValueError(f"`seed` must lie in [0, 2**32 - 1] (the CPU generator keeps 32 bits; for every row: an "
+                         f"int seed gives row b seed + b), got {seed!r}")
 
 
 def check_token_range(config, vocab_size: int) -> None:

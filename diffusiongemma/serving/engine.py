@@ -68,7 +68,8 @@ class DiffusionModelManager(ModelManager):
 class DiffusionGenerateManager(BaseGenerateManager):
     """Generation for one model: every request becomes a row of the shared `ServingScheduler`.
 
-    Args: scheduler_options: `ServingScheduler` keyword arguments (max_batch_size, max_queue, max_model_len).
+    Args: scheduler_options: `ServingScheduler` keyword arguments (max_batch_size, max_queue, max_model_len,
+    batch_invariant).
     """
 
     def __init__(self, **scheduler_options):
@@ -81,7 +82,8 @@ class DiffusionGenerateManager(BaseGenerateManager):
         if self.scheduler is None:
             self.scheduler = ServingScheduler(model, **self.options)
         prompt = inputs["input_ids"][0]  # [P]
-        check_length(settings, len(prompt), model.canvas_length, self.scheduler.max_model_len)  # else 400
+        check_length(settings, len(prompt), model.canvas_length, self.scheduler.max_model_len,  # else 400
+                     self.scheduler.requested_max_model_len)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         tokenizer = getattr(processor, "tokenizer", processor)

@@ -6,7 +6,8 @@ through the response parser when the model has one, exactly as `DirectStreamer` 
 for them, become `DraftText` items that the handlers turn into the documented `draft` field of a chunk.
 
 The response holds at most `max_new_tokens` tokens and ends at the first EOS; a `stop` string ends it too (the text
-before it is kept). Either way `abandoned` tells the scheduler to drop the row at the next step boundary, as does
+before it is kept, and `generated`, which the usage and `finish_reason` count, keeps only the tokens whose text lies
+wholly before it). Either way `abandoned` tells the scheduler to drop the row at the next step boundary, as does
 `cancel()` (a client that went away).
 """
 
@@ -58,6 +59,8 @@ class RowStreamer(DirectStreamer):
         self.ended = False
         self._done = False  # EOS, max_new_tokens or a stop string reached
         self._held = ""  # text held back: it may be the start of a stop string
+        self._text_len = 0  # characters decoded from `generated` so far
+        self._ends: list[int] = []  # per generated token: `_text_len` after it
         self._end_lock = threading.Lock()
         self.raise_on_cancel = False  # set when `model.generate` drives this streamer: raising aborts it
 
@@ -94,6 +97,10 @@ class RowStreamer(DirectStreamer):
         hits = [i for i in (pending.find(s) for s in self.stop) if i >= 0]
         if hits:
             self._held, self._done = "", True
+            cut = self._text_len - len(pending) + min(hits)  # where the stop string starts in the whole response
+            kept = sum(1 for end in self._ends if end <= cut)
+            self.generated, self._ends = self.generated[:kept], self._ends[:kept]
+            self.total_tokens = kept
             return pending[: min(hits)]
         keep = 0 if final or not self.stop else min(len(pending), max(len(s) for s in self.stop) - 1)
         self._held = pending[len(pending) - keep :]
@@ -115,12 +122,14 @@ class RowStreamer(DirectStreamer):
             text = self._decode_stream.step(self._tokenizer, token)
             if text:
                 pieces.append(text)
+                self._text_len += len(text)
+            self._ends.append(self._text_len)
             if token in self.eos_ids:
                 self._done = True
         self.total_tokens = len(self.generated)
         if len(self.generated) >= self.max_new_tokens:
             self._done = True
-        self._emit(self._filter_stop("".join(pieces), final=False))
+        self._emit(self._filter_stop("".join(pieces), final=False))  # a stop string may shorten `generated`
 
     def put_draft(self, value=None, logits=None) -> None:
         """value [1, L]: the argmax canvas after a denoising step."""
