@@ -184,3 +184,15 @@ def test_byte_level_bpe_tokenizer_with_multibyte_characters():
                              sampling="fast", seed=0, **KW)
         assert re.fullmatch(pattern, tok.decode(out.sequences[0, 3:], skip_special_tokens=True))
         assert bool((out.sequences[0, 3:] < len(tok)).all())
+
+
+@pytest.mark.parametrize("config", ["BlockRefinementSamplerConfig", "ConfidenceThresholdSamplerConfig",
+                                    "DiscreteDDIMSamplerConfig"])
+@pytest.mark.parametrize("sampling", ["fast", "reference"])
+def test_every_registered_sampler(model, config, sampling):
+    torch.manual_seed(0)
+    seeded = {"seed": 0} if sampling == "fast" else {}
+    out = model.generate(prompts(3, 1), constraint=JsonSchema(SCHEMAS[1]), tokenizer=TOK, max_new_tokens=48,
+                         sampler_config=getattr(diffusiongemma, config)(), sampling=sampling, **seeded, **KW)
+    for text in answers(out, 5):
+        jsonschema.validate(json.loads(text), SCHEMAS[1])
