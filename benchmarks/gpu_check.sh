@@ -37,7 +37,7 @@ BENCH_ARGS="${BENCH_ARGS:---steps 8 --canvases 2 --prompt 128}"
 
 PURE_WHEELS=(transformers==5.23.0 compressed-tensors==0.20.1 pydantic==2.14.4 annotated-types==0.8.0
              typing-inspection==0.4.5 typing-extensions==4.16.0 loguru==0.7.3)
-BINARY_WHEELS=(pydantic-core==2.50.5 regex==2026.11.19)
+BINARY_WHEELS=(pydantic-core==2.50.5 regex==2026.11.19 outlines-core==0.2.14)
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
