@@ -68,7 +68,7 @@ def draw_canvas_noise(
     if self_conditioning_mask is None:
         self_conditioning_mask = torch.rand(B, K, generator=generator, device=clean.device) < SELF_CONDITIONING_RATE
     sc = self_conditioning_mask.to(device=clean.device, dtype=torch.bool)
-    if sc.dim() == 1:
+    if sc.dim() == 1 and sc.shape[0] == B:
         sc = sc[:, None].expand(B, K)
     if tuple(sc.shape) != (B, K):
         raise ValueError(f"`self_conditioning_mask` must have shape [{B}] or [{B}, {K}], got {list(sc.shape)}")

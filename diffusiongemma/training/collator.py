@@ -38,7 +38,8 @@ class DiffusionGemmaDataCollator:
     Args:
         tokenizer: a transformers tokenizer with `eos_token_id` (and, for chat rows, a chat template); its pad id
             (EOS when it has none) fills prompt padding and the tail of the last canvas.
-        canvas_length: L, the model's canvas length (`model.canvas_length`, 256 for the released model).
+        canvas_length: L, the model's canvas length (`model.canvas_length`, 256 for the released model). Required: a
+            batch laid out for another L would still be whole canvases of the model's L, trained in the wrong places.
         max_length: refuse rows whose prompt + response (EOS included) are longer (None: no limit). Rows are never
             truncated.
         add_special_tokens: tokenize prompt-completion prompts with the tokenizer's special tokens (BOS); the
@@ -47,7 +48,7 @@ class DiffusionGemmaDataCollator:
         collator(rows) -> {"input_ids" [B, P], "attention_mask" [B, P], "labels" [B, K*L]} (torch.long)
     """
 
-    def __init__(self, tokenizer, canvas_length: int = 256, max_length: int | None = None,
+    def __init__(self, tokenizer, canvas_length: int, max_length: int | None = None,
                  add_special_tokens: bool = True):
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos_token_id: a response must end with EOS, as generation stops")

@@ -63,12 +63,16 @@ def newest_checkpoint(folder: str) -> str | None:
 
 def run_sft(cfg: SFTConfig, log=print) -> dict:
     """Fine-tune `cfg.model` on `cfg.data`; returns {"out", "steps", "train_loss", "rows", "tokens"}."""
-    from transformers import AutoTokenizer, Trainer, TrainingArguments
-
-    from ..modeling import DiffusionGemmaForBlockDiffusion
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    model = DiffusionGemmaForBlockDiffusion.from_pretrained(cfg.model, dtype=torch.float32)
+    # the package registers its class for AutoModelForCausalLM (diffusiongemma/__init__.py); the class itself lives
+    # above this layer (tests/test_layering.py)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
+    if type(model).__name__ != "DiffusionGemmaForBlockDiffusion" or type(model).__module__.split(".")[0] != \
+            "diffusiongemma":
+        raise ValueError(f"--model {cfg.model} loaded as {type(model).__module__}.{type(model).__name__}, not "
+                         "diffusiongemma's DiffusionGemmaForBlockDiffusion")
     collator = DiffusionGemmaDataCollator(tokenizer, canvas_length=model.canvas_length, max_length=cfg.max_length)
     rows = tokenize_rows(read_rows(cfg.data), collator)  # every row checked before training starts
     checkpoints = os.path.join(cfg.out, "checkpoints")

@@ -127,3 +127,12 @@ def test_gradient_checkpointing_gives_the_same_multi_canvas_loss(one_thread):
     loss_ckpt, grad_ckpt = loss_and_grad(True)
     torch.testing.assert_close(loss_ckpt, loss, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grad_ckpt, grad, rtol=1e-4, atol=1e-6)
+
+
+def test_self_conditioning_mask_shape_is_checked():
+    model = tiny_model()
+    input_ids, labels, _ = batch()
+    with pytest.raises(ValueError, match=r"`self_conditioning_mask` must have shape \[2\] or \[2, 3\], got \[3\]"):
+        multi_canvas_loss(model, input_ids, labels, self_conditioning_mask=torch.ones(3, dtype=torch.bool))
+    out = multi_canvas_loss(model, input_ids, labels, self_conditioning_mask=torch.tensor([True, False]))
+    assert out.self_conditioning_mask.tolist() == [[True] * 3, [False] * 3]

@@ -90,3 +90,29 @@ def test_resume_without_a_checkpoint_is_an_error(folder, tmp_path, capsys):
     data = write_rows(tmp_path / "d.jsonl", ROWS)
     assert sft(folder, data, tmp_path / "out", "--resume") == 1
     assert "--resume: no checkpoint" in capsys.readouterr().err
+
+
+def test_a_lora_run_serves(folder, tmp_path):
+    """The folder `train sft --lora` writes (the merged model) is what `diffusiongemma serve --model` takes."""
+    openai = pytest.importorskip("openai", reason="the serve extra is not installed")
+    from diffusiongemma.serving.app import BackgroundServer, ServeOptions, build_app
+
+    data = write_rows(tmp_path / "d.jsonl", ROWS)
+    out = tmp_path / "lora"
+    assert sft(folder, data, out, "--lora", "--lora-rank", "4", "--lr", "1e-2") == 0
+    served = build_app(ServeOptions(model=str(out), max_model_len=128, max_batch_size=2, max_queue=4))
+    server = BackgroundServer(served.app).start()
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=60, max_retries=0)
+        reply = client.chat.completions.create(model=str(out), messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=16, seed=3)
+        tok = served.tokenizer
+        ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)["input_ids"]
+        new = served.model.generate(ids, sampling="fast", seed=3, max_new_tokens=16).sequences[0, ids.shape[1]:]
+        new = new.tolist()[:16]
+        new = new[: new.index(1) + 1] if 1 in new else new
+        assert reply.choices[0].message.content == tok.decode(new, skip_special_tokens=True)
+    finally:
+        server.stop()
+        served.state.shutdown()
