@@ -16,7 +16,7 @@ import torch
 
 from diffusiongemma.modeling.compile import DenoisePass
 from diffusiongemma.modeling.config import DiffusionGemmaConfig
-from diffusiongemma.modeling.model import DiffusionGemmaForBlockDiffusion
+from diffusiongemma import DiffusionGemmaForBlockDiffusion
 
 
 def small_model(canvas_length: int, dtype: torch.dtype) -> DiffusionGemmaForBlockDiffusion:

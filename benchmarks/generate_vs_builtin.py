@@ -9,6 +9,7 @@ with its own generator, so only speed is compared.
 
     python benchmarks/generate_vs_builtin.py                          # everything (slow on 2 cores)
     python benchmarks/generate_vs_builtin.py --vocab 32768 --batch 1 --mode reference fast --repeats 3
+    python benchmarks/generate_vs_builtin.py --vocab 32768 --batch 1 --mode fast fast-compiled --repeats 3
 """
 
 import argparse
@@ -104,7 +105,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vocab", type=int, nargs="+", default=[32768, 262144])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--mode", nargs="+", default=["reference", "fast"], choices=["reference", "fast"])
+    parser.add_argument("--mode", nargs="+", default=["reference", "fast"],
+                        choices=["reference", "fast", "fast-compiled"],
+                        help="fast-compiled: fast sampling with generate(compile=True), lock-step (the warm-up compiles)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per implementation (after one warm-up)")
     parser.add_argument("--canvas", type=int, default=256)
     parser.add_argument("--steps", type=int, default=16)
@@ -134,8 +137,11 @@ def main() -> None:
                 for mode in args.mode:
                     run_builtin = lambda: (torch.manual_seed(7), builtin.generate(ids, **kw))[1].sequences
                     extra = {"batching": args.batching} if mode == "fast" and args.batching else {}
+                    if mode == "fast-compiled":
+                        extra = {"compile": True, "batching": "lockstep"}
+                    sampling = "fast" if mode == "fast-compiled" else mode
                     run_ours = lambda: (torch.manual_seed(7),
-                                        ours.generate(ids, sampling=mode, **kw, **extra))[1].sequences
+                                        ours.generate(ids, sampling=sampling, **kw, **extra))[1].sequences
                     for _ in range(args.warmup):
                         run_builtin(), run_ours()
                     tb, to, same = [], [], True

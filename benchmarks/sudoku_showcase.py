@@ -22,7 +22,7 @@ import torch
 import transformers
 
 from diffusiongemma.generation.config import EntropyBoundSamplerConfig
-from diffusiongemma.modeling import DiffusionGemmaForBlockDiffusion
+from diffusiongemma import DiffusionGemmaForBlockDiffusion
 from diffusiongemma.sudoku.demo import fresh_puzzles, load_demo_model
 from diffusiongemma.sudoku.solver import solve_puzzles, solve_rate
 

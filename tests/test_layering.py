@@ -7,19 +7,21 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).parents[1] / "diffusiongemma"
-UPPER = ("generation", "quantization", "training", "serving", "accuracy", "sudoku", "cli")
+UPPER = ("generation", "quantization", "training", "serving", "accuracy", "sudoku", "cli", "loading", "model")
 BOTTOM = ("generation_config.py", "sampler_configs.py", "cli_types.py")
-# Function-level imports `modeling/model.py` still makes: the public class joins the network with `generate`, the
-# loss and loading in the same module. Issue 24 (part 6) moves that class above both; until then these, and only
-# these, are allowed, so a new upward import anywhere else fails.
-PENDING = {("modeling/model.py", "training"), ("modeling/model.py", "generation"),
-           ("modeling/model.py", "quantization")}
+# The layers below the public class (`model.py`, which joins the network with `generate`, the loss and loading):
+# none of them may import it, so the class is the only place where they meet.
+BELOW_MODEL = ("modeling", "generation", "training", "quantization", "loading", "io")
+# ... except the `quantize` command's engine, which reads a dense checkpoint with the public class (nothing below
+# the class imports it: `quantization/__init__` exports only the formats).
+COMMANDS_BELOW = ("quantization/quantize.py",)
 
 
-def imported_packages(path: pathlib.Path) -> set[tuple[str, bool]]:
-    """(first package below `diffusiongemma`, at module level?) for every import of ours in the file."""
+def imported_packages(path: pathlib.Path, rel: pathlib.Path | None = None) -> set[tuple[str, bool]]:
+    """(first package below `diffusiongemma`, at module level?) for every import of ours in the file; `rel` is its
+    path inside the package (default: where it is)."""
     tree = ast.parse(path.read_text())
-    rel = path.relative_to(PACKAGE)
+    rel = rel if rel is not None else path.relative_to(PACKAGE)
     top_level = {id(node) for node in tree.body}
     found = set()
     for node in ast.walk(tree):
@@ -51,7 +53,7 @@ def modules(folder: str | None = None):
 @pytest.mark.parametrize("path", modules("modeling"), ids=lambda p: p.name)
 def test_modeling_imports_nothing_above_it(path):
     rel = str(path.relative_to(PACKAGE))
-    bad = {pkg for pkg, _ in imported_packages(path) if pkg in UPPER and (rel, pkg) not in PENDING}
+    bad = {pkg for pkg, _ in imported_packages(path) if pkg in UPPER}
     assert not bad, f"{rel} imports {sorted(bad)}"
 
 
@@ -73,6 +75,21 @@ def test_subpackage_clis_do_not_import_the_top_level_cli(path):
     assert ("cli", True) not in imported_packages(path) and ("cli", False) not in imported_packages(path)
 
 
+@pytest.mark.parametrize("path", [p for folder in BELOW_MODEL for p in modules(folder)
+                                  if str(p.relative_to(PACKAGE)) not in COMMANDS_BELOW],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_nothing_below_the_public_class_imports_it(path):
+    assert not {pkg for pkg, _ in imported_packages(path) if pkg == "model"}
+
+
+@pytest.mark.parametrize("path", modules("loading"), ids=lambda p: p.name)
+def test_loading_imports_no_caller(path):
+    bad = {pkg for pkg, _ in imported_packages(path) if pkg in ("generation", "training", "serving", "accuracy",
+                                                                  "sudoku", "cli", "model")}
+    assert not bad, f"{path.relative_to(PACKAGE)} imports {sorted(bad)}"
+
+
 def test_the_checker_sees_function_level_imports(tmp_path):
-    probe = PACKAGE / "modeling" / "model.py"
-    assert ("training", False) in imported_packages(probe)  # `forward(labels=...)` imports the loss lazily
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os\n\ndef f():\n    from ..training.loss import block_diffusion_loss\n")
+    assert imported_packages(probe, pathlib.Path("modeling/probe.py")) == {("training", False)}

@@ -51,7 +51,7 @@ def _load(args):
     from transformers import AutoTokenizer
 
     from ..cli_types import dtype_arg as _dtype
-    from ..modeling import DiffusionGemmaForBlockDiffusion
+    from ..model import DiffusionGemmaForBlockDiffusion
 
     dtype = _dtype(args.dtype)
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.model, dtype=dtype).to(args.device).eval()

@@ -14,7 +14,7 @@ import torch
 
 from ..generation.engine import Plan, StepRows, denoise_rows, soft_embedder
 from ..generation.entropy_bound import token_entropy
-from ..generation.sampler import SamplerContext, sampler_class_for
+from ..generation.sampler import SamplerContext, init_sampler_state, sampler_class_for
 from ..generation.stopping import StableAndConfidentStopper
 from ..sampler_configs import EntropyBoundSamplerConfig, sampler_config_class
 from ..modeling.masks import PaddingSlots
@@ -205,6 +205,7 @@ def replay_full(model, trace: Trace) -> list[StepScore]:
                 continue
             cache = prefix.ready_for(c)
             state = plan.stopper.init_state(B, trace.canvas_length, device)
+            sampler_state = init_sampler_state(plan.sampler, B, trace.canvas_length, device)
             for r in records:
                 soft = self_conditioning_input(stack, t, r)
                 canvas = t["input_canvas"][r].long()
@@ -217,9 +218,9 @@ def replay_full(model, trace: Trace) -> list[StepScore]:
                     sequences=t["sequences"][:, : P + c * trace.canvas_length], row_ids=list(range(B)),
                     position_offsets=[0] * B, steps_remaining=[n] * B,
                     generators=[torch.Generator(device=device).manual_seed(b) for b in range(B)]
-                    if plan.sampler.per_row else None, stop_state=state,
+                    if plan.sampler.per_row else None, stop_state=state, sampler_state=sampler_state,
                 ), keep_logits=True)
-                state = out.stop_state
+                state, sampler_state = out.stop_state, out.sampler_state
                 scores.append(score_step(t, r, c, out))
     return scores
 

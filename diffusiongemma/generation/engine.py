@@ -17,6 +17,7 @@ Legend: B' rows that sample, L canvas length, V vocab, H hidden, S' committed to
 
 import inspect
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import torch
@@ -39,6 +40,8 @@ class Plan:
         processors: the user's logits processors (3-D scores), or None.
         soft_embed: hands the sampler the embedding of its probabilities for self-conditioning, or None: reference
             mode with non-fp32 embeddings, where the input must come from the logits (`soft_embedder`).
+        constraint: a `constraints.ConstraintGuide` (the argmax canvas becomes the best one the constraint
+            accepts), or None.
     """
 
     sampler: Sampler
@@ -47,6 +50,12 @@ class Plan:
     temperatures: torch.Tensor
     processors: LogitsProcessorList | None
     soft_embed: SoftEmbed | None
+    constraint: object | None = None
+
+    @cached_property
+    def processor_arguments(self) -> tuple:
+        """Per processor, the extra arguments its `__call__` names (None: it takes **kwargs), read once per plan."""
+        return tuple(named_arguments(p) for p in self.processors or ())
 
 
 @dataclass
@@ -54,7 +63,7 @@ class StepRows:
     """The B' rows one step samples, all under one `Plan`.
 
     Attributes:
-        hidden: [B', L, H] the decoder's canvas hidden states.
+        hidden: [B', L, H] the decoder's canvas hidden states (None when `logits` is given).
         canvas: [B', L] the canvas the decoder read.
         sequences: the committed tokens processors see: one [B', S'] tensor (lock-step: every row as long), or one
             [S'_b] tensor per row (the row pool; processors then run row by row).
@@ -63,9 +72,11 @@ class StepRows:
         steps_remaining: each row's n (N..1): its temperature and the processors' `cur_step`.
         generators: one `torch.Generator` per row for per-row samplers, else None.
         stop_state: the stopper's state of these rows (batch first), or None.
+        logits: [B', L, V] fp32 the LM head's output, when the caller's pass ran it (the compiled pass), else None.
+        sampler_state: a stateful sampler's state of these rows (`Sampler.init_state`, batch first), or None.
     """
 
-    hidden: torch.Tensor
+    hidden: torch.Tensor | None
     canvas: torch.Tensor
     sequences: torch.Tensor | list[torch.Tensor]
     row_ids: list[int]
@@ -73,6 +84,8 @@ class StepRows:
     steps_remaining: list[int]
     generators: Sequence[torch.Generator] | None
     stop_state: torch.Tensor | None
+    logits: torch.Tensor | None = None
+    sampler_state: torch.Tensor | None = None
 
 
 @dataclass
@@ -89,6 +102,7 @@ class StepResult:
     faults: torch.Tensor  # [B'] int8 (finite.py)
     temperature: torch.Tensor  # [B'] fp32
     logits: torch.Tensor | None = None  # [B', L, V] tempered, when asked for (traces, logits streamers)
+    sampler_state: torch.Tensor | None = None  # [B', ...] a stateful sampler's state for the next step
 
 
 def soft_embedder(stack, exact_reference: bool) -> SoftEmbed | None:
@@ -120,32 +134,37 @@ def apply_processors(plan: Plan, rows: StepRows, logits: torch.Tensor) -> tuple[
     """
     shape = logits.shape
     if isinstance(rows.sequences, torch.Tensor):
-        logits = call_processors(plan.processors, rows.sequences, logits, processor_kwargs(rows, slice(None)))
+        logits = call_processors(plan, rows.sequences, logits, processor_kwargs(rows, slice(None)))
     else:
         for j, seen in enumerate(rows.sequences):
-            scores = call_processors(plan.processors, seen[None], logits[j : j + 1],
+            scores = call_processors(plan, seen[None], logits[j : j + 1],
                                      processor_kwargs(rows, slice(j, j + 1)))
             processed_scores_bad(scores, logits[j : j + 1].shape)  # None or a wrong shape: a clear error
             logits[j : j + 1] = scores
     return logits, processed_scores_bad(logits, shape)
 
 
-def call_processors(processors: LogitsProcessorList, input_ids: torch.Tensor, scores: torch.Tensor,
-                    available: dict) -> torch.Tensor:
+def named_arguments(processor) -> tuple[tuple[str, bool], ...] | None:
+    """(name, required) of each parameter `processor.__call__` takes after (input_ids, scores); None for **kwargs."""
+    params = inspect.signature(processor).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return tuple((n, params[n].default is inspect.Parameter.empty) for n in list(params)[2:])
+
+
+def call_processors(plan: Plan, input_ids: torch.Tensor, scores: torch.Tensor, available: dict) -> torch.Tensor:
     """`processors(input_ids, scores)` where each processor gets, by name, the extra arguments its `__call__` names
     among `available` (all of them if it takes `**kwargs`). transformers' own list would hand every processor every
     keyword, which breaks the ones that take only `cur_step`."""
-    for processor in processors:
-        params = inspect.signature(processor).parameters
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    for processor, names in zip(plan.processors, plan.processor_arguments):
+        if names is None:
             extra = available
         else:
-            names = list(params)[2:]
-            missing = [n for n in names if n not in available and params[n].default is inspect.Parameter.empty]
+            missing = [n for n, required in names if n not in available and required]
             if missing:
                 raise ValueError(f"logits processor {type(processor).__name__} asks for {missing}; a denoising step "
                                  f"passes {sorted(available)}")
-            extra = {n: available[n] for n in names if n in available}
+            extra = {n: available[n] for n, _ in names if n in available}
         scores = processor(input_ids, scores, **extra)
     return scores
 
@@ -162,7 +181,7 @@ def denoise_rows(model, plan: Plan, rows: StepRows, keep_logits: bool = False) -
     """
     stack = model.get_decoder()
     # b. LM head for the rows that sample
-    logits = model.head(rows.hidden)  # [B', L, V] fp32
+    logits = rows.logits if rows.logits is not None else model.head(rows.hidden)  # [B', L, V] fp32
     model_bad = model_logits_bad(logits)  # [B'] on the device: read with the stop flags (finite.py)
     # c. user processors first, then the temperature, in place
     processors_bad, empty = None, None
@@ -170,6 +189,9 @@ def denoise_rows(model, plan: Plan, rows: StepRows, keep_logits: bool = False) -
         logits, (processors_bad, empty) = apply_processors(plan, rows, logits)
     temperature = row_temperatures(plan, rows.steps_remaining)  # [B']
     logits = logits.div_(temperature[:, None, None])
+    path = None
+    if plan.constraint is not None:  # the constraint's best canvas (and, if it projects, its allowed tokens)
+        logits, path = plan.constraint.project(logits, rows.sequences, rows.row_ids, rows.position_offsets)
     # d-g. the sampler: argmax, entropy, sample, accept, re-noise, and (from its softmax) the self-conditioning input
     soft = None
     if plan.soft_embed is None:  # from the logits, before the sampler may overwrite them (no RNG involved)
@@ -177,11 +199,17 @@ def denoise_rows(model, plan: Plan, rows: StepRows, keep_logits: bool = False) -
     kept = logits.clone() if keep_logits else None
     step = [plan.max_steps - n for n in rows.steps_remaining]
     try:
-        out = plan.sampler.step(logits, rows.canvas, temperature, step, rows.generators, plan.soft_embed)
+        if rows.sampler_state is None:
+            out = plan.sampler.step(logits, rows.canvas, temperature, step, rows.generators, plan.soft_embed)
+        else:  # a stateful sampler (one with `init_state`) gets its state back
+            out = plan.sampler.step(logits, rows.canvas, temperature, step, rows.generators, plan.soft_embed,
+                                    state=rows.sampler_state)
     except RuntimeError:  # the reference multinomial refuses NaN: name the cause (an error path may read the host)
         empty = empty if empty is not None else torch.zeros_like(model_bad)
         raise_for_faults(fault_codes(model_bad, processors_bad, empty).tolist(), step[0] + 1, None, rows.row_ids)
         raise
+    if path is not None:  # what the stopper reads and the commit keeps: a canvas the constraint accepts
+        out = out._replace(argmax=path)
     if soft is None:
         soft = out.soft
     if soft is None:  # the sampler left the logits untouched and built no soft embedding: do it here (spec C.9)
@@ -193,4 +221,4 @@ def denoise_rows(model, plan: Plan, rows: StepRows, keep_logits: bool = False) -
     stop, stop_state = plan.stopper(out.argmax, out.entropy, rows.stop_state)
     return StepResult(canvas=out.canvas, argmax=out.argmax, accepted=out.accepted, entropy=out.entropy, soft=soft,
                       stop=stop, stop_state=stop_state, faults=fault_codes(model_bad, processors_bad, empty),
-                      temperature=temperature, logits=kept)
+                      temperature=temperature, logits=kept, sampler_state=out.state)

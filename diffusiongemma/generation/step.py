@@ -11,6 +11,7 @@ Legend: B batch, B' rows that sample (B in reference mode), L canvas length, V v
 """
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 
@@ -34,6 +35,8 @@ class StepSettings:
         position_offsets: [B] host ints, each row's prompt length without padding (processors' `position_offsets`
             add the canvases committed so far).
         keep_logits: keep the tempered logits in `state.draft_logits` (a streamer that takes logits, or a trace).
+        denoise_pass: `generate(compile=...)`: the fixed-shape compiled pass (`modeling.compile.DenoisePass`), which
+            returns the logits of every row; None: the exact eager decoder, then the head for the rows that sample.
     """
 
     plan: Plan
@@ -43,6 +46,7 @@ class StepSettings:
     generators: list | None
     position_offsets: list[int]
     keep_logits: bool = False
+    denoise_pass: Callable | None = None
 
     @property
     def max_steps(self) -> int:
@@ -65,14 +69,19 @@ def denoise_step(model, state: CanvasState, settings: StepSettings) -> CanvasSta
     index = row_index(working, len(rows)) if len(rows) < B else None  # [B'] or every row
     pick = (lambda t: t) if index is None else (lambda t: t[index])
     # b. decoder over every row (they share the cache); the rows that sample go on
-    hidden = model.denoise(state.canvas, settings.cache, state.soft, keep=settings.keep)  # [B, L, H]
+    hidden, logits = None, None
+    if settings.denoise_pass is not None:  # compiled: decoder + head over all B rows, the same shapes every step
+        logits = pick(settings.denoise_pass(state.canvas, settings.cache, state.soft, settings.keep))  # [B', L, V]
+    else:
+        hidden = pick(model.denoise(state.canvas, settings.cache, state.soft, keep=settings.keep))  # [B', L, H]
     canvases_done = (state.sequences.shape[1] - state.prompt_width) // L
     sampled = StepRows(
-        hidden=pick(hidden), canvas=pick(state.canvas), sequences=pick(state.sequences), row_ids=rows,
+        hidden=hidden, logits=logits, canvas=pick(state.canvas), sequences=pick(state.sequences), row_ids=rows,
         position_offsets=[settings.position_offsets[b] + canvases_done * L for b in rows],
         steps_remaining=[state.steps_remaining] * len(rows),
         generators=[settings.generators[b] for b in rows] if settings.generators is not None else None,
         stop_state=pick(state.stop_state) if state.stop_state is not None else None,
+        sampler_state=pick(state.sampler_state) if state.sampler_state is not None else None,
     )
     out = denoise_rows(model, settings.plan, sampled, keep_logits=settings.keep_logits)  # b-i
     canvas, argmax, accepted, entropy, soft = out.canvas, out.argmax, out.accepted, out.entropy, out.soft
@@ -86,6 +95,8 @@ def denoise_step(model, state: CanvasState, settings: StepSettings) -> CanvasSta
         stop = torch.zeros(B, dtype=torch.bool, device=stop.device).index_copy(0, index, stop)
         if stop_state is not None:
             stop_state = state.stop_state.index_copy(0, index, stop_state)
+        if out.sampler_state is not None:
+            out.sampler_state = state.sampler_state.index_copy(0, index, out.sampler_state)
         if state.soft is not None:
             soft = state.soft.index_copy(0, index, soft.to(state.soft.dtype))
         else:
@@ -101,4 +112,5 @@ def denoise_step(model, state: CanvasState, settings: StepSettings) -> CanvasSta
     return replace(state, canvas=canvas, argmax_canvas=argmax, soft=soft, finished_denoising=done | stop,
                    forward_passes=passes, steps_remaining=state.steps_remaining - 1, draft_logits=out.logits,
                    faults=faults, entropy=entropy, accepted=accepted, stop_state=stop_state,
+                   sampler_state=out.sampler_state,
                    temperature=out.temperature[0])

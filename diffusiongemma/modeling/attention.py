@@ -64,7 +64,7 @@ def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> t
     """torch's flex_attention with a `BlockMask` from masks.py (None = no mask), scaling 1.0, native GQA.
 
     Without torch.compile it runs PyTorch's unfused reference path (correct, slower than SDPA on CPU);
-    `compile_layers` (modeling/compile.py) compiles it into the fused kernel.
+    `generate(compile=True)` (modeling/compile.py) compiles it into the fused kernel.
     """
     from torch.nn.attention.flex_attention import flex_attention as flex
 

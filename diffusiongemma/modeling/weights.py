@@ -4,7 +4,7 @@ Our module paths equal the checkpoint's, so the usual layout (text weights under
 upstream converter and by transformers' `save_pretrained`) loads and saves with no renaming at all. The reference also
 accepts checkpoints whose text weights sit under `model.encoder.language_model.*` (the encoder side of its tied
 pair); for those, `key_mapping_for` returns the renaming to pass to `from_pretrained`. Saving always writes the usual
-layout. The quantized loader (`quantization/loader.py`) and the matching of quantization configs
+layout. The quantized loader (`loading/compressed.py`) and the matching of quantization configs
 (`quantization/schemes.py`) use the same table, through `key_mapping_for`, `renamed_key` and `checkpoint_names`.
 """
 

@@ -27,7 +27,11 @@ from compressed_tensors.quantization import QuantizationConfig, preset_name_to_s
 from safetensors.torch import save_file
 from torch import nn
 
+from transformers import AutoTokenizer
+
 from diffusiongemma.io.atomic import atomic_folder, holds_checkpoint
+from diffusiongemma.loading.compressed import read_quantization_config
+from diffusiongemma.model import DiffusionGemmaForBlockDiffusion  # the command loads a dense checkpoint
 from diffusiongemma.io.tokenizer_files import folder_has_tokenizer
 from diffusiongemma.modeling.weights import ENCODER_TEXT_PREFIX
 from diffusiongemma.quantization.experts import ExpertList, unfuse_model_experts
@@ -211,8 +215,6 @@ def check_not_quantized(src: str) -> None:
     """ValueError if `src`'s config.json has a `quantization_config`: its Linears would load compressed (FP8 / NVFP4)
     or as bitsandbytes modules, none of which is a plain Linear to quantize, and re-quantizing rounded weights
     compounds the error."""
-    from diffusiongemma.quantization.loader import read_quantization_config
-
     raw = read_quantization_config(src)
     if raw is None:
         return
@@ -240,10 +242,6 @@ def quantize_checkpoint(src: str, dst: str, scheme: str, prompts: list[str] | No
     Returns:
         {"quantized_linears": n, "bytes": checkpoint bytes, "calibration": "tokenizer" | "random ids" | None}.
     """
-    from transformers import AutoTokenizer
-
-    from diffusiongemma.modeling import DiffusionGemmaForBlockDiffusion
-
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; supported: {', '.join(SCHEMES)}")
     if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes <= 0:

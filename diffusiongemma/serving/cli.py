@@ -32,6 +32,10 @@ def add_serve_commands(subparsers) -> None:
                    help="requests waiting for a row before the server answers 429 (default 64)")
     p.add_argument("--max-model-len", type=positive_int, default=4096,
                    help="most tokens per request, prompt + whole canvases (default 4096); sizes the KV cache")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="every request runs alone inside each pass, so a seeded request's tokens are bit-identical "
+                   "to model.generate(prompt, seed=seed, batch_invariant=True) whatever else is served (slower; "
+                   "docs/serving.md)")
     p.add_argument("--chat-template-kwargs", default=None, help="JSON object passed to apply_chat_template")
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     p.set_defaults(func=run_serve)
@@ -128,7 +132,7 @@ def run_serve(args) -> int:
     served = build_app(ServeOptions(
         model=args.model, tokenizer=args.tokenizer, device=resolved_device(args.device), dtype=args.dtype,
         quantization=args.quantization, max_batch_size=args.max_batch_size, max_queue=args.max_queue,
-        max_model_len=args.max_model_len, chat_template_kwargs=kwargs,
+        max_model_len=args.max_model_len, chat_template_kwargs=kwargs, batch_invariant=args.batch_invariant,
     ))
     server = StoppingServer(served, uvicorn.Config(served.app, host=args.host, port=args.port,
                                                    log_level=args.log_level,

@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 from transformers.cli.serving.model_manager import ModelManager
 from transformers.cli.serving.utils import BaseGenerateManager, GenerationState, Modality, _StreamError
 
+from .constraint_fields import compiled_constraint
 from .scheduler import Job, ServingScheduler
 from .settings import RequestSettings, check_length
 from .streamer import DraftText, RowStreamer
@@ -38,7 +39,7 @@ class DiffusionModelManager(ModelManager):
         return AutoTokenizer.from_pretrained(self.tokenizer_path or model_id, **kwargs)
 
     def _load_model(self, model_id_and_revision: str, tqdm_class=None, progress_callback=None, gguf_file=None):
-        from ..modeling import DiffusionGemmaForBlockDiffusion
+        from ..model import DiffusionGemmaForBlockDiffusion
 
         if gguf_file is not None:
             raise ValueError(f"{gguf_file}: GGUF files are not DiffusionGemma checkpoints")
@@ -67,7 +68,8 @@ class DiffusionModelManager(ModelManager):
 class DiffusionGenerateManager(BaseGenerateManager):
     """Generation for one model: every request becomes a row of the shared `ServingScheduler`.
 
-    Args: scheduler_options: `ServingScheduler` keyword arguments (max_batch_size, max_queue, max_model_len).
+    Args: scheduler_options: `ServingScheduler` keyword arguments (max_batch_size, max_queue, max_model_len,
+    batch_invariant).
     """
 
     def __init__(self, **scheduler_options):
@@ -85,6 +87,8 @@ class DiffusionGenerateManager(BaseGenerateManager):
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         tokenizer = getattr(processor, "tokenizer", processor)
+        settings.automaton = compiled_constraint(settings, tokenizer, self.scheduler.V)  # else 400
+        settings.tokenizer = tokenizer
         streamer = RowStreamer(tokenizer, loop, queue, settings, response_parser=response_parser)
         self.scheduler.submit(Job(prompt, settings, streamer))  # QueueFull: 429 (handlers.add_error_handlers)
         return queue, streamer

@@ -20,12 +20,14 @@ from typing_extensions import TypedDict  # the base classes are typing_extension
 from fastapi import HTTPException
 from fastapi.responses import Response
 from transformers.cli.serving.chat_completion import (
+    UNUSED_CHAT_COMPLETION_FIELDS,
     ChatCompletionHandler,
     TransformersCompletionCreateParamsStreaming,
 )
 from transformers.cli.serving.completion import CompletionHandler, TransformersTextCompletionCreateParams
 
 from .request_checks import check_chat_body, check_completion_body
+from .constraint_fields import request_constraint
 from .scheduler import QueueFull
 from .settings import BadRequestField, request_settings
 from .streamer import DraftText
@@ -42,6 +44,17 @@ class DiffusionSettingFields(TypedDict, total=False):
     confidence_threshold: float
     sampling: str
     stream_drafts: bool
+    # `sampler` and the built-in samplers' settings (sampler_request.py; tests check this list is complete)
+    sampler: str
+    threshold: float
+    editing_threshold: float
+    greedy: bool
+    factor: float
+    corrector_steps: int
+    corrector_k: int
+    corrector_selection: str
+    corrector_selection_tau: float
+    regex: str  # the answer fully matches it (constraint_fields.py)
 
 
 class DiffusionFields(TransformersCompletionCreateParamsStreaming, DiffusionSettingFields, total=False):
@@ -49,7 +62,9 @@ class DiffusionFields(TransformersCompletionCreateParamsStreaming, DiffusionSett
 
 
 class DiffusionTextFields(TransformersTextCompletionCreateParams, DiffusionSettingFields, total=False):
-    """Legacy completion request fields plus the diffusion settings."""
+    """Legacy completion request fields plus the diffusion settings (and `response_format`, as for chat)."""
+
+    response_format: dict
 
 
 def draft_field(draft: DraftText) -> dict:
@@ -107,7 +122,9 @@ class DiffusionHandlerMixin:
         return super()._resolve_model(body)
 
     def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
-        return request_settings(body, model_generation_config)  # BadRequestField: 400 (`openai_errors`)
+        settings = request_settings(body, model_generation_config)  # BadRequestField: 400 (`openai_errors`)
+        settings.constraint, settings.constraint_field = request_constraint(body)  # compiled at submission
+        return settings
 
     async def _non_streaming(self, *args, **kwargs):
         compute = super()._non_streaming
@@ -119,6 +136,7 @@ class DiffusionChatHandler(DiffusionHandlerMixin, ChatCompletionHandler):
 
     _valid_params_class = DiffusionFields
     check_body = staticmethod(check_chat_body)
+    _unused_fields = UNUSED_CHAT_COMPLETION_FIELDS - {"response_format"}  # honoured (constraint_fields.py)
 
     def _build_chunk_sse(self, request_id: str = "", content=None, model=None, **kwargs) -> str:
         if isinstance(content, DraftText):

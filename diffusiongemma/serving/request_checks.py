@@ -4,7 +4,7 @@ over with a bare 500, or read loosely: `"stream": "false"` is a true string and 
 
 `UNSUPPORTED` is the one table of OpenAI fields the server refuses with a 400 naming the field, each with its
 reason, unless the value is the one that asks for nothing (`n: 1`, `logprobs: false`, ...). A feature that learns to
-honour a field removes its row (constrained denoising removes `response_format`).
+honour a field removes its row (`response_format` is honoured: constraint_fields.py).
 """
 
 from .settings import BadRequestField
@@ -17,7 +17,6 @@ UNSUPPORTED: dict[str, tuple[tuple, str]] = {
                              "next-token distribution"),
     "top_logprobs": ((0,), "log-probabilities are not reported"),
     "echo": ((False,), "the prompt is not echoed back"),
-    "response_format": (({"type": "text"},), "constrained output (JSON mode, schemas) is not served yet"),
     "tool_choice": (("auto",), "only `auto` (the model decides from `tools`) is served"),
     "function_call": (("auto",), "deprecated functions API: use `tools`"),
     "functions": ((), "deprecated functions API: use `tools`"),

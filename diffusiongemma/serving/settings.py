@@ -2,7 +2,8 @@
 
 Standard fields: `max_tokens` (chat also `max_completion_tokens`), `stop`, `seed`. Extra body fields (the `openai`
 client sends them with `extra_body=`): the diffusion settings `max_denoising_steps`, `entropy_bound`, `t_min`, `t_max`,
-`stability_threshold`, `confidence_threshold`, `sampling`, and `stream_drafts`. `temperature` and `top_p` are accepted
+`stability_threshold`, `confidence_threshold`, `sampling`, and `stream_drafts`; `sampler` and its settings
+(sampler_request.py). `temperature` and `top_p` are accepted
 and reported unused once (block diffusion follows its own temperature schedule), as `generate` does.
 
 Every range check is the generation config's (`generation_config.validate_field`), applied one field at a time so
@@ -23,6 +24,7 @@ from ..generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamp
 from ..generation_config import validate_field
 from ..generation.resolve import SEED_MAX
 from ..generation.sampler import sampling_names
+from .sampler_request import request_sampler_config
 
 logger = logging.get_logger(__name__)
 
@@ -58,6 +60,10 @@ class RequestSettings:
     stream_drafts: bool = False
     length_field: str = "max_tokens"  # the body field that set max_new_tokens (named by a length error)
     prompt_field: str = "messages"  # the body field holding the prompt ("messages" or "prompt")
+    constraint: object = None  # `Regex` / `JsonSchema` from `response_format` or `regex` (constraint_fields.py)
+    constraint_field: str | None = None  # the body field it came from
+    automaton: object = None  # the constraint compiled over the server's tokenizer
+    tokenizer: object = None  # that tokenizer
 
     @property
     def eos_token_id(self):
@@ -134,6 +140,7 @@ def request_settings(body: dict, model_generation_config) -> RequestSettings:
         if not bound > 0:
             raise BadRequestField("entropy_bound", f"must be > 0, got {bound!r}")
         config.sampler_config = EntropyBoundSamplerConfig(entropy_bound=bound)
+    config.sampler_config = request_sampler_config(present, config.sampler_config, BadRequestField)  # `sampler`
     if not config.t_max > config.t_min:
         def cited(n):
             origin = "sent" if n in present else "this server's default"

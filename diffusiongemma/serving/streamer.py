@@ -50,6 +50,9 @@ class RowStreamer(DirectStreamer):
         self.drafts = settings.stream_drafts
         eos = settings.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+        self.settings = settings
+        if settings.automaton is not None and settings.automaton.pad_id is not None:
+            self.eos_ids.add(settings.automaton.pad_id)  # a constrained answer is complete where padding begins
         self.generated: list[int] = []  # committed ids of the response, up to and including the first EOS
         self.canvas = 0  # canvases committed
         self.step = 0  # denoising steps of the current canvas
@@ -145,7 +148,22 @@ class RowStreamer(DirectStreamer):
                 return
             self.ended = True
         self._emit(self._filter_stop("", final=True))
+        self._complete_answer_is_a_stop()
         super().end()
+
+    def _complete_answer_is_a_stop(self) -> None:
+        """transformers serve answers finish_reason "length" when the response holds `max_new_tokens` tokens. A
+        constrained answer that is complete exactly there is a "stop": the handlers read the budget from these
+        settings after the stream ended, so it is cleared for them. An incomplete one stays "length"."""
+        automaton = self.settings.automaton
+        if automaton is None or not self.generated or len(self.generated) < self.max_new_tokens:
+            return
+        import torch
+
+        tokens = torch.tensor([self.generated], device=automaton.token_class.device)
+        if bool(automaton.complete(automaton.walk(torch.tensor([automaton.initial], device=tokens.device),
+                                                  tokens))[0]):
+            self.settings.max_new_tokens = None
 
     def fail(self, message: str) -> None:
         """End the stream with an error item (the handlers send it as an SSE error)."""

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..io.atomic import atomic_folder
-from ..modeling import DiffusionGemmaForBlockDiffusion
+from ..model import DiffusionGemmaForBlockDiffusion
 
 STATE_FILE = "trainer_state.pt"
 

@@ -41,8 +41,9 @@ def _non_negative(text: str) -> int:
     return value
 
 
-def add_sudoku_commands(subparsers) -> None:
-    """Register `sudoku` and `train sudoku` on the main parser's subparsers."""
+def add_sudoku_commands(subparsers):
+    """Register `sudoku` and `train sudoku` on the main parser's subparsers; returns the `train` command's recipe
+    subparsers, for other recipes (`train sft`)."""
     p = subparsers.add_parser(
         "sudoku",
         help="solve Sudoku with the bundled DiffusionGemma demo model",
@@ -111,6 +112,7 @@ def add_sudoku_commands(subparsers) -> None:
     t.add_argument("--freeze-router", action="store_true", default=None, help="do not train the MoE routers")
     t.add_argument("--seed", type=seed_arg, help="seeds init, pool, data and loss draws (default 0)")
     t.set_defaults(func=run_train_sudoku)
+    return recipes
 
 
 def _difficulty(puzzle: str) -> str:

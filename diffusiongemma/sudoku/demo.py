@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from ..modeling import DiffusionGemmaForBlockDiffusion
+from ..model import DiffusionGemmaForBlockDiffusion
 from ..modeling.config import check_model_folder
 from .puzzles import BLANK, DIGITS, make_puzzle, render_grid
 from .solver import SolveResult, solve_puzzles, solve_rate

@@ -28,7 +28,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig
-from ..modeling import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+from ..model import DiffusionGemmaForBlockDiffusion
+from ..modeling import DiffusionGemmaConfig
 from ..training.freeze import freeze_router
 from ..training.loss import block_diffusion_loss
 from . import data

@@ -102,24 +102,33 @@ def test_reference_mode_rejects_seeds(model):
         model.generate(prompts(1), sampling="greedy", **KW)
 
 
-def test_compile_switch_compiles_the_layers_once_and_keeps_the_tokens(model, monkeypatch):
-    from diffusiongemma.generation import loop
-    from diffusiongemma.modeling.compile import uncompile_layers
+@pytest.mark.parametrize("sampling", ["fast", "reference"])
+def test_compile_switch_compiles_one_graph_for_every_step_and_canvas_and_keeps_the_tokens(model, sampling):
+    from torch._dynamo.testing import CompileCounter
+    from torch._dynamo.utils import counters
 
-    eager = model.generate(prompts(2), sampling="fast", seed=0, **KW).sequences
-    calls = []
-    real = loop.compile_layers
-    monkeypatch.setattr(loop, "compile_layers", lambda m, **kw: calls.append(kw) or real(m, **kw))
-    try:
-        # dynamo tracing without inductor keeps this fast; tests/modeling/test_compile.py covers inductor
-        compiled = model.generate(prompts(2), sampling="fast", seed=0, compile={"backend": "eager"}, **KW).sequences
-        assert calls == [{"backend": "eager"}]
-        assert model._compiled_layers == (None, True, "eager")
-        assert torch.equal(compiled, eager)
-        with pytest.raises(TypeError, match="`compile` must be a bool or a dict"):
-            model.generate(prompts(1), compile="yes", **KW)
-    finally:
-        uncompile_layers(model)
+    seed = 0 if sampling == "fast" else None
+    counter = CompileCounter()  # dynamo tracing with the eager backend: fast; test_static_compile.py runs inductor
+    counters.clear()
+    # the second call reuses the graph kept on the model; the third, with fewer new tokens, falls in the same
+    # capacity bucket (prompt 6 + 3 or 2 canvases of 16 -> 64 slots)
+    for new_tokens in (40, 40, 24):
+        kw = dict(KW, max_new_tokens=new_tokens)
+        torch.manual_seed(0)
+        eager = model.generate(prompts(2), sampling=sampling, seed=seed, **kw).sequences
+        torch.manual_seed(0)
+        compiled = model.generate(prompts(2), sampling=sampling, seed=seed, compile={"backend": counter}, **kw)
+        assert torch.equal(compiled.sequences, eager)
+    assert counter.frame_count == 1 and not counters["graph_break"] and not counters["recompiles"]
+
+
+def test_compile_switch_errors_name_the_argument(model):
+    with pytest.raises(TypeError, match="`compile` must be a bool or a dict"):
+        model.generate(prompts(1), compile="yes", **KW)
+    with pytest.raises(ValueError, match=r"`compile` options \['dynamic'\]"):
+        model.generate(prompts(1), compile={"dynamic": True}, **KW)
+    with pytest.raises(ValueError, match="batching='mixed'"):
+        model.generate(prompts(2), sampling="fast", seed=0, batching="mixed", compile=True, **KW)
 
 
 def test_a_row_with_nothing_to_sample_is_an_error_in_both_modes(model):

@@ -15,7 +15,7 @@ import torch
 
 from conftest import tiny_model
 from diffusiongemma import DiffusionGemmaForBlockDiffusion as Model
-from diffusiongemma.quantization.loader import check_weight_files
+from diffusiongemma.loading.compressed import check_weight_files
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """Quantized checkpoints through transformers' doors: `AutoModelForCausalLM.from_pretrained` and
 `pipeline("text-generation", model=path)` on FP8 and NVFP4 compressed-tensors folders and on bitsandbytes, giving the
-tokens of `DiffusionGemmaForBlockDiffusion.from_pretrained` (diffusiongemma/quantization/loader.py, model.py).
+tokens of `DiffusionGemmaForBlockDiffusion.from_pretrained` (diffusiongemma/loading/compressed.py, model.py).
 
 The folders name transformers' class in `architectures`, as published checkpoints do: when our loading fails under a
 pipeline, the pipeline would retry with the built-in class, which loads a compressed-tensors folder with random
@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, pipeline
 from conftest import tiny_config, tiny_model, tiny_tokenizer
 from ct_checkpoint import REGEX_IGNORE, write_compressed_checkpoint
 from diffusiongemma import DiffusionGemmaForBlockDiffusion
-from diffusiongemma.modeling.model import PipelineLoadError
+from diffusiongemma import PipelineLoadError
 from diffusiongemma.quantization.fp8 import FP8Linear
 from diffusiongemma.quantization.nvfp4 import NVFP4Linear
 

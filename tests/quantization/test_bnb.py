@@ -1,5 +1,5 @@
 """bitsandbytes 8-bit and 4-bit NF4 through `from_pretrained(quantization_config=BitsAndBytesConfig(...))`
-(diffusiongemma/quantization/bnb.py).
+(diffusiongemma/loading/bnb.py).
 
 Runs on CPU with bitsandbytes >= 0.45. Its CPU 4-bit kernel needs quantized out_features to be multiples of 64 and
 in_features multiples of the block size, hence the wider tiny config here.
@@ -73,12 +73,12 @@ def test_4bit_on_cpu_keeps_layers_its_kernel_cannot_run(tmp_path, caplog):
     warning naming them, and the model generates; the user's config object is unchanged."""
     import logging
 
-    from diffusiongemma.quantization.bnb import cpu_4bit_failure
+    from diffusiongemma.loading.bnb import cpu_4bit_failure
 
     model = tiny_model(tiny_config(hidden_size=48, moe_intermediate_size=24), seed=1)
     model.save_pretrained(tmp_path)
     config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32)
-    with caplog.at_level(logging.WARNING, logger="diffusiongemma.quantization.bnb"):
+    with caplog.at_level(logging.WARNING, logger="diffusiongemma.loading.bnb"):
         try:
             quantized = DiffusionGemmaForBlockDiffusion.from_pretrained(tmp_path, quantization_config=config,
                                                                         device_map="cpu")

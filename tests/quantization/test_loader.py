@@ -1,4 +1,4 @@
-"""Loading compressed-tensors checkpoints built by compressed-tensors itself (diffusiongemma/quantization/loader.py).
+"""Loading compressed-tensors checkpoints built by compressed-tensors itself (diffusiongemma/loading/compressed.py).
 
 Each test quantizes a tiny model with the library, saves it in the published layout (per-expert Linears, spec F.3)
 or the fused one, loads it with `DiffusionGemmaForBlockDiffusion.from_pretrained` and compares with a plain model
@@ -172,7 +172,7 @@ def int4(config):
 ])
 def test_unsupported_configs_give_clear_errors(fp8_folder, tmp_path, edit, message):
     bad = copy_with(fp8_folder, tmp_path / "bad", edit_config=edit)
-    from diffusiongemma.quantization.loader import load_compressed_tensors_checkpoint
+    from diffusiongemma.loading.compressed import load_compressed_tensors_checkpoint
 
     with pytest.raises(QuantizedCheckpointError, match=message):
         load_compressed_tensors_checkpoint(DiffusionGemmaForBlockDiffusion, bad)
@@ -199,7 +199,7 @@ def test_hub_repo_id_is_fetched_and_loaded_compressed(fp8_folder, monkeypatch):
     no network here)."""
     import os
 
-    from diffusiongemma.quantization import loader
+    from diffusiongemma.loading import compressed as loader
     from diffusiongemma.quantization.fp8 import FP8Linear
 
     calls = []

@@ -1,4 +1,4 @@
-"""Logs of the quantized and offloaded paths (quantization/bnb.py, quantization/offload.py): a bitsandbytes 8-bit
+"""Logs of the quantized and offloaded paths (loading/bnb.py, loading/offload.py): a bitsandbytes 8-bit
 generate prints at most one line, bitsandbytes' import-time kernels-community warning is kept out of the output, and
 `device_map="auto"` does not print accelerate's "weights are not tied" warning (the built-in class does not either).
 
@@ -64,14 +64,14 @@ def test_kernels_community_import_warning_goes_to_the_debug_log(tmp_path):
     run = run_python("""
         import logging
         logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s %(message)s")
-        from diffusiongemma.quantization.bnb import import_bitsandbytes_quietly
+        from diffusiongemma.loading.bnb import import_bitsandbytes_quietly
         import_bitsandbytes_quietly()
     """, pythonpath=[tmp_path])
     assert run.returncode == 0, run.stderr
     lines = [line for line in run.stderr.splitlines() if "bitsandbytes" in line]
     assert "WARNING bitsandbytes.backends.cpu.ops another bitsandbytes warning" in lines
     assert not any(line.startswith("WARNING") and "kernels-community" in line for line in lines)
-    assert any(line.startswith("DEBUG diffusiongemma.quantization.bnb") and "kernels-community" in line
+    assert any(line.startswith("DEBUG diffusiongemma.loading.bnb") and "kernels-community" in line
                for line in lines)
 
 

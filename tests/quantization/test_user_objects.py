@@ -1,5 +1,5 @@
 """Loading never changes the objects the user passed in: `config=` and `quantization_config=BitsAndBytesConfig`
-(diffusiongemma/quantization/bnb.py, offload.py, loader.py), so they can be reused for another model."""
+(diffusiongemma/loading/bnb.py, offload.py, loader.py), so they can be reused for another model."""
 
 import copy
 
@@ -8,7 +8,7 @@ import pytest
 from conftest import tiny_config, tiny_model
 from ct_checkpoint import REGEX_IGNORE, write_compressed_checkpoint
 from diffusiongemma import DiffusionGemmaForBlockDiffusion
-from diffusiongemma.quantization.bnb import DEFAULT_SKIP_MODULES, with_diffusiongemma_defaults
+from diffusiongemma.loading.bnb import DEFAULT_SKIP_MODULES, with_diffusiongemma_defaults
 
 
 def snapshot(obj) -> dict:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from diffusiongemma.cli import main
-from diffusiongemma.modeling import DiffusionGemmaForBlockDiffusion
+from diffusiongemma import DiffusionGemmaForBlockDiffusion
 from diffusiongemma.sudoku import data
 from diffusiongemma.modeling.rope import rope_inv_freq
 from diffusiongemma.sudoku.train import SudokuTrainConfig, sudoku_model_config, train_sudoku, warmup_cosine

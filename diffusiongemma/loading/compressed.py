@@ -30,7 +30,7 @@ from diffusiongemma.modeling.weights import checkpoint_names, checkpoint_shards,
 from diffusiongemma.quantization.experts import empty_expert_lists
 from diffusiongemma.quantization.fp8 import FP8_DTYPE, FP8Linear, check_fp8_supported
 from diffusiongemma.quantization.nvfp4 import GROUP_SIZE, NVFP4Linear
-from diffusiongemma.quantization.offload import SPLIT_MAPS, pinned_device_map
+from diffusiongemma.loading.offload import SPLIT_MAPS, pinned_device_map
 from diffusiongemma.quantization.schemes import (
     FP8_DYNAMIC,
     NVFP4,

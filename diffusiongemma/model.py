@@ -1,5 +1,8 @@
 """`DiffusionGemmaForBlockDiffusion`: the transformers-facing model (spec B, C.8, C.12).
 
+It joins the network (`modeling/`) with `generate` (`generation/`), the training loss (`training/`) and loading
+(`loading/`), as transformers joins `PreTrainedModel` and `GenerationMixin`; nothing below imports it.
+
 Module paths mirror the checkpoint so weights load and save without renaming (spec B.1/B.2):
 
     model.decoder.*                         the one text stack (`DiffusionGemmaTextStack`), both modes
@@ -10,26 +13,29 @@ Module paths mirror the checkpoint so weights load and save without renaming (sp
 Legend: B batch, P prompt tokens, L canvas length, S cached slots, H hidden, V vocab.
 """
 
-import os
-
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 
-from .blocks import RMSNorm
-from .cache import BlockDiffusionCache
-from .config import DiffusionGemmaConfig, check_config, check_model_folder, text_only_config
-from .moe import Experts, Router
-from .parallel import add_stack_plans
-from .parallel_request import prepare_parallel_load
-from .parts import DiffusionGemmaModel, DiffusionGemmaOutput
-from .pipeline_load import PipelineLoadError, _loading_for_a_pipeline
-from .stack import DiffusionGemmaTextStack
-from .validation import attention_backend_for, check_experts_implementation, check_forward_inputs
-from .vision import PromptImages, check_no_audio_or_video, project_images, prompt_images, scatter_images
-from .weights import checkpoint_keys, key_mapping_for, loading_problems
-from ..generation_config import DiffusionGemmaGenerationConfig
+from .diffusers_views import attach_diffusers_views, pipeline_forward_inputs
+from .generation.loop import generate
+from .generation_config import DiffusionGemmaGenerationConfig
+from .loading import PipelineLoadError, generation_config_for, load_pretrained, save_atomically
+from .modeling.blocks import RMSNorm
+from .modeling.cache import BlockDiffusionCache
+from .modeling.config import DiffusionGemmaConfig, check_config
+from .modeling.moe import Experts, Router
+from .modeling.parallel import add_stack_plans
+from .modeling.parts import DiffusionGemmaModel, DiffusionGemmaOutput
+from .modeling.stack import DiffusionGemmaTextStack
+from .modeling.validation import attention_backend_for, check_experts_implementation, check_forward_inputs
+from .modeling.vision import (PromptImages, check_no_audio_or_video, project_images, prompt_images,
+                              scatter_images)
+from .training.loss import block_diffusion_loss
+
+__all__ = ["DiffusionGemmaForBlockDiffusion", "DiffusionGemmaOutput", "DiffusionGemmaPreTrainedModel",
+           "PipelineLoadError"]
 
 
 class DiffusionGemmaPreTrainedModel(PreTrainedModel):
@@ -90,6 +96,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         self.model = DiffusionGemmaModel(config)
         self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
         self.post_init()
+        attach_diffusers_views(self)  # what diffusers' DiffusionGemmaPipeline calls (diffusers_views.py)
 
     def init_parallel_plans(self) -> None:
         """transformers' plans plus the text stack's under our module paths (`modeling/parallel.py`)."""
@@ -242,7 +249,8 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
             decoder_attention_mask: [B, S] or [B, S+L] padding over the cache (canvas part must be 1). As in the
                 reference, the decoder only masks padding when this is given.
             decoder_position_ids: [1 or B, L]; default: slots S..S+L-1.
-            labels: [B, L] clean canvas for the training loss (see `diffusiongemma.training`).
+            labels: [B, L] clean canvas for the training loss, or [B, K*L] for K canvases (see
+                `diffusiongemma.training`); `config.ar_loss_weight` (default 1.0) weighs its AR prefix loss.
             pixel_values: [I, M, 3*p*p] images from the Gemma 4 processor, encoded once into the placeholders of
                 `input_ids` (`config.image_token_id`); image_position_ids: [I, M, 2] their patch positions.
             mm_token_type_ids: [B, P] 1 at image tokens: with `use_bidirectional_attention == "vision"` each image's
@@ -260,6 +268,10 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         check_no_audio_or_video(kwargs)
         if kwargs:
             raise TypeError(f"forward() got unexpected keyword arguments: {sorted(kwargs)}")
+        if past_key_values is not None and not isinstance(past_key_values, BlockDiffusionCache):
+            # diffusers' pipeline: its transformers cache carries ours (diffusers_views.py)
+            past_key_values, decoder_attention_mask = pipeline_forward_inputs(self, past_key_values,
+                                                                              decoder_attention_mask)
         vision = dict(pixel_values=pixel_values, image_position_ids=image_position_ids,
                       mm_token_type_ids=mm_token_type_ids, mm_encoder_outputs=mm_encoder_outputs)
         if input_ids is None and any(v is not None for v in vision.values()):
@@ -270,11 +282,9 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         if return_dict is None:
             return_dict = self.config.return_dict
         if labels is not None:
-            from ..training.loss import block_diffusion_loss
-
             loss = block_diffusion_loss(
                 self, input_ids=input_ids, attention_mask=attention_mask, labels=labels,
-                self_conditioning_mask=self_conditioning_mask,
+                self_conditioning_mask=self_conditioning_mask, ar_weight=getattr(self.config, "ar_loss_weight", 1.0),
             )
             return loss if return_dict else loss.to_tuple()
         text = self.config.text_config
@@ -319,8 +329,6 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
 
     def generate(self, input_ids: torch.LongTensor | None = None, **kwargs):
         """Block-autoregressive denoising (spec D). See `diffusiongemma.generation.loop.generate` for arguments."""
-        from ..generation.loop import generate
-
         return generate(self, input_ids, **kwargs)
 
     @classmethod
@@ -330,23 +338,9 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
     def adjust_generation_fn(self, generation_config=None, from_auto_class=False, from_pipeline=None,
                              pretrained_model_name_or_path=None, **repo_kwargs) -> None:
         """Called by `from_pretrained`: read `generation_config.json` into our generation config class."""
-        if generation_config is not None:
-            self.generation_config = DiffusionGemmaGenerationConfig.from_dict(generation_config.to_dict())
-            return
-        if pretrained_model_name_or_path is None:
-            return
-        allowed = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision", "subfolder")
-        local = os.path.join(str(pretrained_model_name_or_path), "generation_config.json")
-        try:
-            self.generation_config = DiffusionGemmaGenerationConfig.from_pretrained(
-                pretrained_model_name_or_path, **{k: v for k, v in repo_kwargs.items() if k in allowed}
-            )
-        except OSError as error:  # no generation_config.json: keep the defaults of spec A.5; a corrupt one is an error
-            if os.path.isfile(local):
-                raise ValueError(f"{local} could not be read ({error}); fix or delete it (without it the model "
-                                 "loses its EOS and pad ids)") from None
-        except (ValueError, TypeError, AttributeError) as error:  # not a dict of fields, or a field out of range
-            raise ValueError(f"invalid generation_config.json in {pretrained_model_name_or_path}: {error}") from None
+        config = generation_config_for(generation_config, pretrained_model_name_or_path, **repo_kwargs)
+        if config is not None:
+            self.generation_config = config
 
     def save_pretrained(self, save_directory, *args, overwrite: bool = True, **kwargs) -> None:
         """transformers' `save_pretrained`, written atomically (`diffusiongemma.io.atomic_folder`): into a temporary
@@ -360,12 +354,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         Raises:
             NotADirectoryError: `save_directory` is a file (transformers would only log and return).
         """
-        from ..io.atomic import atomic_folder
-
-        if kwargs.get("push_to_hub") and "repo_id" not in kwargs:
-            kwargs["repo_id"] = os.path.basename(os.path.abspath(save_directory))
-        with atomic_folder(save_directory, overwrite=overwrite) as work:
-            super().save_pretrained(work, *args, **kwargs)
+        save_atomically(super().save_pretrained, save_directory, *args, overwrite=overwrite, **kwargs)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs):
@@ -374,63 +363,12 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         * checkpoints with the text weights under `model.encoder.language_model.*` are renamed on the fly;
         * `strict=True` (default): missing, mis-shaped or unexpected weights raise a ValueError naming the keys
           instead of being silently initialized at random;
-        * compressed-tensors FP8 / NVFP4 checkpoints load compressed (`diffusiongemma.quantization.loader`), also
+        * compressed-tensors FP8 / NVFP4 checkpoints load compressed (`diffusiongemma.loading`), also
           through `AutoModelForCausalLM` and `pipeline("text-generation", model=path)`.
 
         Raises:
             PipelineLoadError: loading failed under `pipeline(...)`, which would otherwise retry with transformers'
                 built-in class (and, for a compressed-tensors checkpoint, random weights).
         """
-        if not (kwargs.get("_from_pipeline") or _loading_for_a_pipeline()):
-            return cls._load_pretrained(pretrained_model_name_or_path, *model_args, strict=strict, **kwargs)
-        try:
-            return cls._load_pretrained(pretrained_model_name_or_path, *model_args, strict=strict, **kwargs)
-        except (OSError, ValueError, TypeError, RuntimeError) as err:
-            # pipeline() catches exactly these four and moves on to the class named in config.architectures
-            raise PipelineLoadError(
-                f"{type(err).__name__}: {err}\n(diffusiongemma could not load {pretrained_model_name_or_path}; the "
-                "pipeline stops here rather than retry with transformers' built-in DiffusionGemma class)"
-            ) from err
-
-    @classmethod
-    def _load_pretrained(cls, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs):
-        from ..quantization.loader import (check_weight_files, compressed_tensors_folder,
-                                           load_compressed_tensors_checkpoint)
-        from ..quantization.offload import prepare_from_pretrained_kwargs
-
-        local = str(pretrained_model_name_or_path)
-        if kwargs.get("subfolder"):
-            local = os.path.join(local, kwargs["subfolder"])
-        check_model_folder(local)  # exists, has config.json, is DiffusionGemma's
-        if os.path.isdir(local):
-            check_weight_files(local)  # one weight set, no stale shards
-        kwargs = prepare_parallel_load(cls, pretrained_model_name_or_path, kwargs)  # tensor / expert parallelism
-        kwargs = text_only_config(pretrained_model_name_or_path, kwargs)  # `"vision_config": null`: no vision tower
-        folder = compressed_tensors_folder(pretrained_model_name_or_path, kwargs)
-        if folder is not None:
-            return load_compressed_tensors_checkpoint(cls, folder, strict=strict, **kwargs)
-        kwargs = prepare_from_pretrained_kwargs(cls, pretrained_model_name_or_path, kwargs)  # device map, bnb
-        if "key_mapping" not in kwargs:
-            mapping = key_mapping_for(checkpoint_keys(str(pretrained_model_name_or_path)))
-            if mapping is not None:
-                kwargs["key_mapping"] = mapping
-        want_info = kwargs.pop("output_loading_info", False)
-        allow_mismatch = kwargs.pop("ignore_mismatched_sizes", False)
-        # Load with mismatches reported rather than raised, so the error below can name every offending key.
-        model, info = super().from_pretrained(
-            pretrained_model_name_or_path, *model_args, output_loading_info=True, ignore_mismatched_sizes=True,
-            **kwargs,
-        )
-        if allow_mismatch:
-            info = {**info, "mismatched_keys": set()}
-        # a text-only checkpoint (loadable with strict=False) refuses images rather than read them with random weights
-        model._vision_weights_missing = model.config.vision_config is None or any(
-            ".vision_tower." in k or ".embed_vision." in k for k in info.get("missing_keys", ()))
-        problems = loading_problems(info)
-        if strict and problems:
-            raise ValueError(
-                f"checkpoint {pretrained_model_name_or_path} does not match DiffusionGemmaForBlockDiffusion: "
-                + "; ".join(problems) + " (pass strict=False to load anyway)"
-            )
-        model._weight_conversions = None  # always save the usual layout, whatever layout was loaded
-        return (model, info) if want_info else model
+        return load_pretrained(cls, super().from_pretrained, pretrained_model_name_or_path, *model_args,
+                               strict=strict, **kwargs)

@@ -1,4 +1,4 @@
-"""`DiffusionGemmaForBlockDiffusion`'s public accessors (diffusiongemma/modeling/model.py)."""
+"""`DiffusionGemmaForBlockDiffusion`'s public accessors (diffusiongemma/model.py)."""
 
 import torch
 from transformers import PreTrainedModel

@@ -83,7 +83,7 @@ def device_map_for_checkpoint(cls, config, device_map: str, max_memory: dict | N
 
 def prepare_from_pretrained_kwargs(cls, path, kwargs: dict) -> dict:
     """`from_pretrained` kwargs with our defaults: pinned automatic device maps, bitsandbytes skip list (and its
-    logs kept to one line: `quantization.bnb`)."""
+    logs kept to one line: `loading.bnb`)."""
     kwargs = dict(kwargs)
     if isinstance(kwargs.get("device_map"), str) and kwargs["device_map"] in SPLIT_MAPS:
         config = kwargs.get("config") or cls.config_class.from_pretrained(path)
@@ -91,17 +91,17 @@ def prepare_from_pretrained_kwargs(cls, path, kwargs: dict) -> dict:
             cls, config, kwargs["device_map"], kwargs.get("max_memory"), kwargs.get("dtype"))
     quantization = kwargs.get("quantization_config")
     if type(quantization).__name__ == "BitsAndBytesConfig":
-        from diffusiongemma.quantization.bnb import with_diffusiongemma_defaults
+        from diffusiongemma.loading.bnb import with_diffusiongemma_defaults
 
         kwargs["quantization_config"] = with_diffusiongemma_defaults(quantization)
     if _uses_bitsandbytes(path, kwargs):
-        from diffusiongemma.quantization.bnb import import_bitsandbytes_quietly, log_cast_warning_once
+        from diffusiongemma.loading.bnb import import_bitsandbytes_quietly, log_cast_warning_once
 
         import_bitsandbytes_quietly()
         log_cast_warning_once()
     quantization = kwargs.get("quantization_config")
     if type(quantization).__name__ == "BitsAndBytesConfig" and _runs_on_cpu(kwargs.get("device_map")):
-        from diffusiongemma.quantization.bnb import keep_unpackable_layers
+        from diffusiongemma.loading.bnb import keep_unpackable_layers
 
         config = kwargs.get("config") or cls.config_class.from_pretrained(path)
         kwargs["quantization_config"] = keep_unpackable_layers(cls, config, quantization)
@@ -119,7 +119,7 @@ def _runs_on_cpu(device_map) -> bool:
 
 def _uses_bitsandbytes(path, kwargs: dict) -> bool:
     """A BitsAndBytesConfig argument, or a config (given, or path's config.json) saved with one."""
-    from diffusiongemma.quantization.loader import read_quantization_config
+    from diffusiongemma.loading.compressed import read_quantization_config
 
     config = kwargs.get("config")
     for quantization in (kwargs.get("quantization_config"), getattr(config, "quantization_config", None),
