@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from .cli_types import dtype_arg, positive_int, seed_arg, steps_arg  # noqa: F401 - positive_int: part of this module's API
+from .cli_types import dtype_arg, positive_int, seed_arg, steps_arg  # noqa: F401 - positive_int: this module's API
 from .io.tokenizer_files import TOKENIZER_FILES, folder_has_tokenizer
 
 

@@ -120,7 +120,8 @@ def add_accuracy_commands(subparsers) -> None:
                                  "unless --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--check", help="golden file to re-run and compare (exit 0 when identical, 1 otherwise)")
-    p.add_argument("--seed", type=seed_arg, default=None, help="seed (default 0 when writing; the file's when checking)")
+    p.add_argument("--seed", type=seed_arg, default=None,
+                   help="seed (default 0 when writing; the file's when checking)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=None, help="new tokens (whole canvases)")
     p.add_argument("--steps", type=steps_arg, default=None, help="max denoising steps per canvas")
     p.set_defaults(func=run_golden)

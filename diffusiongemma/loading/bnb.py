@@ -13,8 +13,8 @@ optional Hub kernel goes to the debug log, and its per-matmul "inputs will be ca
 
 Hardware: bitsandbytes >= 0.45 has CPU kernels for 8-bit and 4-bit; the 4-bit CPU path needs widths the block size
 (64) divides, which ones depending on the CPU (AVX512-BF16 repacks the weights). Loading 4-bit for the CPU probes each
-distinct Linear shape once (`keep_unpackable_layers`) and keeps the ones it cannot run unquantized, with one warning. CUDA is needed for the fast kernels and for 8-bit outlier
-(LLM.int8 threshold) decomposition at speed.
+distinct Linear shape once (`keep_unpackable_layers`) and keeps the ones it cannot run unquantized, with one warning.
+CUDA is needed for the fast kernels and for 8-bit outlier (LLM.int8 threshold) decomposition at speed.
 """
 
 import copy

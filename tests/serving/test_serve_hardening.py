@@ -112,7 +112,8 @@ def test_neutral_values_of_unsupported_fields_are_honoured(live):
     ({"messages": []}, "messages"), ({"messages": "hi"}, "messages"), ({"messages": None}, "messages"),
     ({"messages": ["hi"]}, "messages[0]"), ({"messages": [{"content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user"}]}, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio",
+                                                 "input_audio": {"data": "", "format": "wav"}}]}]},
      "messages[0].content[0]"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x.png"}}]}]},
      "messages[0].content[0]"),
@@ -193,3 +194,14 @@ def test_bodies_are_checked_with_the_exact_json_sent(live):
     with pytest.raises(urllib.error.HTTPError) as error:
         urllib.request.urlopen(request, timeout=60)
     assert error.value.code == 400 and json.loads(error.value.read())["error"]["param"] == "max_tokens"
+
+
+def test_chat_shows_the_servers_error_and_url(live, capsys):
+    from diffusiongemma.cli import main
+
+    _, client, _ = live
+    url = str(client.base_url).removesuffix("/v1/")
+    assert main(["chat", "--url", url, "--prompt", "hi", "--steps", "1025"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: the server at {url} answered 400: `max_denoising_steps`: at most 1024" in err, err
+    assert "Traceback" not in err

@@ -129,7 +129,8 @@ def test_serve_flag_reaches_the_scheduler(monkeypatch):
         app, state = None, type("S", (), {"shutdown": staticmethod(lambda: None)})
 
     monkeypatch.setattr(app_module, "build_app", lambda options: seen.setdefault("options", options) and Served)
-    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
+    # `serve` runs a `uvicorn.Server` (serving/cli.py `StoppingServer`): pretend it started and stopped
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, *a, **k: setattr(self, "started", True))
     for argv, want in ((["serve", "--model", "m", "--batch-invariant"], True), (["serve", "--model", "m"], False)):
         seen.clear()
         args = build_parser().parse_args(argv)
