@@ -86,16 +86,16 @@ def main() -> int:
                 s = compare_engine(reference, tokenizer, server.url + "/v1", prompts, args.samples, max_tokens,
                                    False, None, seed=1000 * i)
                 d = s["logprob_difference"]
-                rows.append({"run": i, "z": d["z"], "difference": d["difference"], "passed": s["passed"],
+                rows.append({"run": i, "t": d["t"], "df": d["df"], "p": d["p_value"], "difference": d["difference"], "passed": s["passed"],
                              "seconds": time.perf_counter() - start})
                 print(json.dumps(rows[-1]), flush=True)
         finally:
             server.stop()
             served.state.shutdown()
-    zs = [r["z"] for r in rows if r["z"] is not None and math.isfinite(r["z"])]
+    zs = [r["t"] for r in rows if r["t"] is not None and math.isfinite(r["t"])]
     alarms = sum(not r["passed"] for r in rows)
     print(f"model {args.model}: {len(rows)} agreeing runs of {len(prompts)} prompts x {args.samples} samples: "
-          f"{alarms} false alarm(s); z mean {statistics.fmean(zs):+.3f}, sd "
+          f"{alarms} false alarm(s); min p {min(r['p'] for r in rows):.2g}; t mean {statistics.fmean(zs):+.3f}, sd "
           f"{statistics.stdev(zs) if len(zs) > 1 else float('nan'):.3f}, min {min(zs):+.3f}; "
           f"{statistics.median(r['seconds'] for r in rows):.1f} s per run (median)")
     return 0

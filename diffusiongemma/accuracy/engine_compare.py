@@ -8,10 +8,11 @@ encoded, each canvas fed back to the decoder (no self-conditioning, T = 1), and 
 of its tokens and the share of them that are the decoder's argmax (a denoising fixed point).
 
 The verdict compares the two mean log-probabilities, stratified by prompt: d = mean over prompts of (engine mean -
-reference mean), with standard error from the per-prompt sample variances. The engine fails (exit 1) when
-`d < -MARGIN` and `d / SE < -Z_FAIL`: its answers are less likely under the reference than the reference's own, by
-more than a rounding-sized margin and with a one-sided false-alarm probability of about 0.13 % per run under a
-normal approximation (measured over repeated agreeing runs: benchmarks/engine_compare_calibration.py).
+reference mean), with standard error from the per-prompt sample variances and Welch degrees of freedom
+(`stats.py`). The engine fails (exit 1) when `d < -MARGIN` and the one-sided p-value of t = d / SE is below ALPHA:
+its answers are less likely under the reference than the reference's own, by more than a rounding-sized margin, with
+a false-alarm probability of 0.1 % per run (measured over repeated agreeing runs:
+benchmarks/engine_compare_calibration.py).
 Exit 2: the server is unreachable, refuses a request, or answers with something that is not an answer (named).
 
 Legend: P prompt length, L canvas length, C canvases of an answer, V vocab.
@@ -26,7 +27,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-Z_FAIL = 3.0  # one-sided: P(z < -3) = 0.00135 for an agreeing engine
+from .stats import stratified_test
+
+ALPHA = 0.001  # one-sided false-alarm probability of the t-test for an agreeing engine
 MARGIN = 0.02  # nats per token: differences below this are rounding (bf16 engines), never a failure
 TIMEOUT_S = 120.0
 
@@ -219,36 +222,12 @@ def score_answer(model, prompt: list[int], ids: list[int], stopped: bool, answer
 
 
 def stratified_difference(engine: list[AnswerScore], reference: list[AnswerScore], field: str) -> dict:
-    """d = mean over prompts of (engine mean - reference mean) of `field`, its standard error from the per-prompt
-    variances (sample variance; a prompt with one answer a side borrows the pooled variance), z and a 95 % interval.
-    """
+    """`stats.stratified_test` of `field` grouped by prompt (NaN scores, i.e. empty answers, left out)."""
     def values(scores, p):
         return [getattr(s, field) for s in scores if s.prompt == p and not math.isnan(getattr(s, field))]
 
-    def var(xs):
-        m = sum(xs) / len(xs)
-        return sum((x - m) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else math.nan
-
     prompts = sorted({s.prompt for s in engine} & {s.prompt for s in reference})
-    pooled = {side: var([getattr(s, field) for s in scores if not math.isnan(getattr(s, field))] or [0.0])
-              for side, scores in (("engine", engine), ("reference", reference))}
-    diffs, variance, used = [], 0.0, 0
-    for p in prompts:
-        e, r = values(engine, p), values(reference, p)
-        if not e or not r:
-            continue
-        used += 1
-        diffs.append(sum(e) / len(e) - sum(r) / len(r))
-        ve, vr = var(e), var(r)
-        ve = pooled["engine"] if math.isnan(ve) else ve
-        vr = pooled["reference"] if math.isnan(vr) else vr
-        variance += (0.0 if math.isnan(ve) else ve) / len(e) + (0.0 if math.isnan(vr) else vr) / len(r)
-    if not used:
-        return {"difference": None, "se": None, "z": None, "ci95": None, "prompts": 0}
-    d, se = sum(diffs) / used, math.sqrt(variance) / used
-    z = d / se if se > 0 else (0.0 if d == 0 else math.copysign(math.inf, d))
-    return {"difference": d, "se": se, "z": z if math.isfinite(z) else None, "z_infinite": not math.isfinite(z),
-            "ci95": [d - 1.96 * se, d + 1.96 * se], "prompts": used}
+    return stratified_test([(values(engine, p), values(reference, p)) for p in prompts])
 
 
 def side_summary(scores: list[AnswerScore]) -> dict:
@@ -262,12 +241,11 @@ def side_summary(scores: list[AnswerScore]) -> dict:
 
 
 def verdict(logprob: dict) -> bool:
-    """True (pass) unless the engine is worse by more than MARGIN and significantly (z < -Z_FAIL)."""
-    d = logprob["difference"]
+    """True (pass) unless the engine is worse by more than MARGIN and significantly (one-sided p < ALPHA)."""
+    d, p = logprob["difference"], logprob["p_value"]
     if d is None:
         return False
-    z = -math.inf if logprob.get("z_infinite") and d < 0 else (logprob["z"] if logprob["z"] is not None else 0.0)
-    return not (d < -MARGIN and z < -Z_FAIL)
+    return not (d < -MARGIN and p < ALPHA)
 
 
 def compare_engine(model, tokenizer, base: str, prompts: list[str], samples: int, max_tokens: int, chat: bool,
@@ -294,7 +272,7 @@ def compare_engine(model, tokenizer, base: str, prompts: list[str], samples: int
         "retokenized_answers": len(retokenized),
         "engine": side_summary(scored["engine"]), "reference": side_summary(scored["reference"]),
         "logprob_difference": logprob, "argmax_difference": top1,
-        "test": {"z_fail": Z_FAIL, "margin": MARGIN},
+        "test": {"alpha": ALPHA, "margin": MARGIN, "kind": "stratified Welch t, one-sided"},
         "passed": verdict(logprob),
         "answers": {side: [asdict(s) for s in scores] for side, scores in scored.items()},
         "texts": {"engine": [a.text for a in engine], "reference": [a.text for a in reference]},
@@ -303,6 +281,10 @@ def compare_engine(model, tokenizer, base: str, prompts: list[str], samples: int
 
 def _f(x, digits=4) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _p(x) -> str:
+    return "-" if x is None else f"{x:.2g}"
 
 
 def format_engine_table(summary: dict) -> str:
@@ -317,15 +299,16 @@ def format_engine_table(summary: dict) -> str:
              f"{_f(r['mean_tokens'], 1):>11}"]
     if d["difference"] is not None:
         lines.append(f"engine - reference, mean log-prob per token: {d['difference']:+.4f} nats, 95% CI "
-                     f"[{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}], z {_f(d['z'], 2)}")
+                     f"[{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}], t {_f(d['t'], 2)}, df {_f(d['df'], 1)}, "
+                     f"p {_p(d['p_value'])}")
         lines.append(f"engine - reference, argmax agreement: {t['difference']:+.4f}, 95% CI "
                      f"[{t['ci95'][0]:+.4f}, {t['ci95'][1]:+.4f}]")
     if summary["passed"]:
         lines.append(f"PASS: the engine's answers are not significantly less likely under the reference "
-                     f"(fails below -{MARGIN} nats with z < -{Z_FAIL})")
+                     f"(fails below -{MARGIN} nats with one-sided p < {ALPHA})")
     else:
         lines.append(f"FAIL: the engine's answers are significantly less likely under the reference "
-                     f"(more than {MARGIN} nats per token, z < -{Z_FAIL})")
+                     f"(more than {MARGIN} nats per token, one-sided p < {ALPHA})")
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import tiny_model, tiny_tokenizer, write_generation_config
 
-from diffusiongemma.accuracy.engine_compare import MARGIN, Z_FAIL, AnswerScore, stratified_difference, verdict
+from diffusiongemma.accuracy.engine_compare import ALPHA, MARGIN, AnswerScore, stratified_difference, verdict
 from diffusiongemma.cli import main
 from diffusiongemma.sudoku.demo import DEMO_MODEL
 from diffusiongemma.sudoku.puzzles import make_puzzle
@@ -106,7 +106,7 @@ def test_serve_on_a_broken_model_fails(served, capsys):
     code, summary = compare(served["paths"]["sudoku"], served["urls"]["broken"], served["puzzles"], capsys)
     assert code == 1 and not summary["passed"]
     d = summary["logprob_difference"]
-    assert d["difference"] < -1 and d["ci95"][1] < 0 and d["z"] < -Z_FAIL
+    assert d["difference"] < -1 and d["ci95"][1] < 0 and d["p_value"] < ALPHA
     assert summary["engine"]["argmax_agree"] < 0.5  # its digits are mostly not the reference's fixed point
 
 
@@ -196,12 +196,24 @@ def scores(prompt_means: dict[int, list[float]]) -> list[AnswerScore]:
 def test_stratified_difference_worked_example():
     # prompt 0: engine (-1, -3) mean -2, var 2; reference (-1, -1) mean -1, var 0 -> d0 = -1
     # prompt 1: engine (-2, -2) mean -2, var 0; reference (-3, -1) mean -2, var 2 -> d1 = 0
-    # d = -0.5, SE = sqrt(2/2 + 2/2) / 2 = 0.7071, z = -0.7071
+    # d = -0.5, SE = sqrt(2/2 + 2/2) / 2 = 0.7071, t = -0.7071; df = (1 + 1)^2 / (1/1 + 1/1) = 2
     d = stratified_difference(scores({0: [-1, -3], 1: [-2, -2]}), scores({0: [-1, -1], 1: [-3, -1]}),
                               "mean_logprob")
     assert d["difference"] == pytest.approx(-0.5) and d["se"] == pytest.approx(0.70711, abs=1e-5)
-    assert d["z"] == pytest.approx(-0.70711, abs=1e-5) and verdict(d)
-    far = {"difference": -1.0, "z": -Z_FAIL - 0.1, "z_infinite": False}
-    assert not verdict(far) and verdict({**far, "z": -Z_FAIL + 0.1})
-    assert verdict({"difference": -MARGIN / 2, "z": -50.0, "z_infinite": False})  # within the rounding margin
-    assert not verdict({"difference": -1.0, "z": None, "z_infinite": True})  # no variance at all, and worse
+    assert d["t"] == pytest.approx(-0.70711, abs=1e-5) and d["df"] == pytest.approx(2.0)
+    assert d["p_value"] == pytest.approx(0.27639, abs=1e-4)  # P(T_2 <= -0.7071) = (1 - 0.7071 / sqrt(2.5)) / 2
+    assert verdict(d)
+    assert not verdict({"difference": -1.0, "p_value": ALPHA / 2}) and verdict({"difference": -1.0, "p_value": 0.01})
+    assert verdict({"difference": -MARGIN / 2, "p_value": 1e-9})  # within the rounding margin
+    # no variance at all, and worse: p = 0
+    flat = stratified_difference(scores({0: [-2, -2]}), scores({0: [-1, -1]}), "mean_logprob")
+    assert flat["p_value"] == 0.0 and not verdict(flat)
+
+
+def test_t_distribution_against_known_values():
+    from diffusiongemma.accuracy.stats import betainc, t_cdf, t_quantile
+
+    assert betainc(1, 1, 0.5) == pytest.approx(0.5)
+    assert t_cdf(-2.015, 5) == pytest.approx(0.05, abs=1e-5)  # the t table's 95 % point at 5 df
+    assert t_cdf(0.0, 7) == 0.5 and t_cdf(1.0, 1) == pytest.approx(0.75)  # Cauchy: 1/2 + atan(1)/pi
+    assert t_quantile(0.975, 10) == pytest.approx(2.2281, abs=1e-4)
