@@ -2,8 +2,8 @@
 
 Serves a model on loopback with our own `serve` (in-process), then runs the comparison against the very same
 checkpoint `--runs` times, each with its own seeds (run i asks seeds 1000 i + s). The engine computes what the
-reference computes, so every failure is a false alarm. Prints the z statistics (which should look like a standard
-normal if the test is calibrated), the false alarm count, and the time per run.
+reference computes, so every failure is a false alarm. Prints the t statistics and p-values (p should be
+roughly uniform if the test is calibrated), the false alarm count, and the time per run.
 
     python benchmarks/engine_compare_calibration.py --runs 20                      # random tiny model (flat)
     python benchmarks/engine_compare_calibration.py --runs 10 --model sudoku       # the bundled Sudoku model
@@ -86,7 +86,8 @@ def main() -> int:
                 s = compare_engine(reference, tokenizer, server.url + "/v1", prompts, args.samples, max_tokens,
                                    False, None, seed=1000 * i)
                 d = s["logprob_difference"]
-                rows.append({"run": i, "t": d["t"], "df": d["df"], "p": d["p_value"], "difference": d["difference"], "passed": s["passed"],
+                rows.append({"run": i, "t": d["t"], "df": d["df"], "p": d["p_value"], "difference": d["difference"],
+                             "passed": s["passed"],
                              "seconds": time.perf_counter() - start})
                 print(json.dumps(rows[-1]), flush=True)
         finally:

@@ -256,7 +256,10 @@ def compare_engine(model, tokenizer, base: str, prompts: list[str], samples: int
     engine = engine_answers(base, name, prompts, samples, max_tokens, chat, api_key, seed)
     use_ids = all(a.token_ids is not None for a in engine)
     reference = reference_answers(model, tokenizer, prompts, samples, max_tokens, chat, seed)
-    retokenized = [a for a in engine if not use_ids]
+    # with ids returned: how many answers' text does not tokenize back into them (a detokenizer or template issue)
+    mismatched = [a.prompt * samples + a.sample for a in engine if use_ids
+                  and tokenizer(a.text, add_special_tokens=False)["input_ids"] != [t for t in a.token_ids
+                                                                                 if t not in eos_ids(model)]]
     scored = {}
     for side, answers in (("engine", engine), ("reference", reference)):
         scored[side] = []
@@ -269,7 +272,7 @@ def compare_engine(model, tokenizer, base: str, prompts: list[str], samples: int
     return {
         "mode": "engine", "engine_url": base, "served_model": name, "chat": chat, "prompts": len(prompts),
         "samples": samples, "max_tokens": max_tokens, "tokens_from": "token_ids" if use_ids else "text",
-        "retokenized_answers": len(retokenized),
+        "text_id_mismatches": mismatched,
         "engine": side_summary(scored["engine"]), "reference": side_summary(scored["reference"]),
         "logprob_difference": logprob, "argmax_difference": top1,
         "test": {"alpha": ALPHA, "margin": MARGIN, "kind": "stratified Welch t, one-sided"},
@@ -297,6 +300,9 @@ def format_engine_table(summary: dict) -> str:
              f"{_f(e['mean_tokens'], 1):>11}",
              f"reference   {r['answers']:>7}  {_f(r['mean_logprob']):>12}  {_f(r['argmax_agree']):>12}  "
              f"{_f(r['mean_tokens'], 1):>11}"]
+    if summary["text_id_mismatches"]:
+        lines.append(f"note: {len(summary['text_id_mismatches'])} answer(s) whose text does not tokenize back into "
+                     f"the returned token_ids (answers {summary['text_id_mismatches'][:8]})")
     if d["difference"] is not None:
         lines.append(f"engine - reference, mean log-prob per token: {d['difference']:+.4f} nats, 95% CI "
                      f"[{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}], t {_f(d['t'], 2)}, df {_f(d['df'], 1)}, "
@@ -330,6 +336,9 @@ def run_engine_compare(args, load) -> int:
         return 2
     if not prompts:
         print(f"error: {args.prompts} holds no prompts", file=sys.stderr)
+        return 2
+    if args.trace is not None:
+        print("error: give --trace (a recorded trace) or --engine-url (a running server), not both", file=sys.stderr)
         return 2
     model, tokenizer = load(args)
     try:

@@ -67,8 +67,8 @@ def format_table(summary: dict) -> str:
             lines.append(f"{s['canvas']:>6}{bad} {s['rows']:>4}  {_num(s['top1'], 12, 4)}  "
                          f"{_num(s['mean_entropy'], 12, 4)}")
     else:
-        lines.append("canvas  step  rows    top1        KL    KL-max  max|dlogp|  accept    stop  entropy  sc-rec  sc-ours"
-                     "  sc-same")
+        lines.append("canvas  step  rows    top1        KL    KL-max  max|dlogp|  accept    stop  entropy  sc-rec"
+                     "  sc-ours  sc-same")
         for s in summary["steps"]:
             failing = s["rows"] and ((th["min_top1"] is not None and s["top1"] < th["min_top1"])
                                      or (th["max_kl"] is not None and s["kl"] > th["max_kl"]))

@@ -185,6 +185,7 @@ def test_returned_token_ids_are_used_instead_of_the_text(served, stub, capsys):
     handler.reply = {"choices": [{"text": "not these", "token_ids": [4, 5, 6], "finish_reason": "stop"}]}
     code, summary = compare(model, url, prompts, capsys)
     assert summary["tokens_from"] == "token_ids"
+    assert summary["text_id_mismatches"] == list(range(6))  # "not these" is not ids 4, 5, 6
     assert {a["tokens"] for a in summary["answers"]["engine"]} == {4}  # 3 ids + EOS (it stopped)
     assert code == 1  # a constant answer is far less likely under the reference than its own
 
