@@ -147,6 +147,10 @@ def run_compare(args) -> int:
     if trace.manifest.get("logits_processors"):
         print(f"warning: the trace was made with logits processors {trace.manifest['logits_processors']}, which "
               "the replay does not apply: expect differences where they changed the logits", file=sys.stderr)
+    recorded_window = trace.manifest.get("decoder_window")
+    if recorded_window is not None and recorded_window != args.decoder_window:
+        print(f"warning: the trace was recorded with decoder_window {recorded_window!r}, the replay uses "
+              f"{args.decoder_window!r} (--decoder-window)", file=sys.stderr)
     try:
         scores = replay(model, trace)
     except TraceFormatError as e:
