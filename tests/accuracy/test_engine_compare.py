@@ -218,3 +218,17 @@ def test_t_distribution_against_known_values():
     assert t_cdf(-2.015, 5) == pytest.approx(0.05, abs=1e-5)  # the t table's 95 % point at 5 df
     assert t_cdf(0.0, 7) == 0.5 and t_cdf(1.0, 1) == pytest.approx(0.75)  # Cauchy: 1/2 + atan(1)/pi
     assert t_quantile(0.975, 10) == pytest.approx(2.2281, abs=1e-4)
+
+
+def test_compare_needs_exactly_one_of_trace_and_engine_url(tmp_path, capsys):
+    (tmp_path / "p.txt").write_text("hi\n")
+    assert main(["compare", "--model", str(DEMO_MODEL)]) == 2
+    assert "compare needs --trace DIR" in capsys.readouterr().err
+    assert main(["compare", "--model", str(DEMO_MODEL), "--engine-url", "http://127.0.0.1:9/v1", "--prompts",
+                 str(tmp_path / "p.txt"), "--trace", str(tmp_path)]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(["compare", "--model", str(DEMO_MODEL), "--engine-url", "http://127.0.0.1:9/v1"]) == 2
+    assert "needs --prompts" in capsys.readouterr().err
+    assert main(["compare", "--model", str(DEMO_MODEL), "--engine-url", "http://127.0.0.1:9/v1", "--prompts",
+                 str(tmp_path / "p.txt"), "--samples", "0"]) == 2
+    assert "--samples must be a positive integer" in capsys.readouterr().err
