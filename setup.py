@@ -20,13 +20,22 @@ setup(
         "tokenizers>=0.23.1,<0.24",
         "huggingface_hub>=1.31,<3",
         "tqdm>=4.60",
+        "outlines-core>=0.2.14,<0.3",  # constrained denoising (diffusiongemma/constraints); tested: 0.2.14
     ],
     extras_require={
         # the test extra carries the serve, vision and convert extras, so CI runs their tests (tests/serving,
         # the image-prompt tests, tests/conversion)
         "test": ["pytest>=8", "bitsandbytes>=0.49", "fastapi>=0.115,<1", "uvicorn>=0.30,<1", "openai>=1.98,<4",
                  "pydantic>=2,<3", "typing_extensions>=4.7", "pillow>=10", "orbax-checkpoint==0.11.33",
-                 "tensorstore==0.1.86", "jax[cpu]==0.10.2", "ml_dtypes>=0.5", "numpy>=1.26", "zstandard>=0.22"],
+                 "tensorstore==0.1.86", "jax[cpu]==0.10.2", "ml_dtypes>=0.5", "numpy>=1.26", "zstandard>=0.22",
+                 "peft>=0.21,<0.22", "datasets>=5.2,<6",
+                 # the reference for the commit-style samplers and the pipeline our model runs in (tested: 0.42.1)
+                 "diffusers>=0.42.1,<0.43",
+                 # validates constrained JSON answers in the tests (tested: 4.25)
+                 "jsonschema>=4.18,<5"],
+        # fine-tuning (docs/training.md): PEFT LoRA adapters, and `diffusiongemma train sft --data DATASET_DIR`
+        # (a `datasets` save_to_disk folder); tested with peft 0.21.2, datasets 5.2.0
+        "train": ["peft>=0.21,<0.22", "datasets>=5.2,<6"],
         # `diffusiongemma serve` / `chat`: transformers serve's own dependencies (transformers[serving]); tested with
         # fastapi 0.165, uvicorn 0.54, openai 3.57, pydantic 2.14
         "serve": ["fastapi>=0.115,<1", "uvicorn>=0.30,<1", "openai>=1.98,<4", "pydantic>=2,<3", "typing_extensions>=4.7"],

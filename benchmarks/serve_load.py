@@ -8,7 +8,10 @@ speed-up over C = 1), latency percentiles (p50 / p90 / p99) and the solve rate (
 then versions and hardware.
 
     python benchmarks/serve_load.py [--levels 1 4 16] [--requests 32] [--givens 36] [--max-batch-size 16]
-                                    [--threads N] [--timeout 600]
+                                    [--threads N] [--timeout 600] [--batch-invariant]
+
+--batch-invariant serves with `diffusiongemma serve --batch-invariant` (every request alone inside each pass); run
+the script with and without it to compare the modes.
 """
 
 import argparse
@@ -91,11 +94,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--timeout", type=float, default=600, help="per-request client timeout, seconds")
     parser.add_argument("--model", default=DEMO_MODEL)
+    parser.add_argument("--batch-invariant", action="store_true", help="serve in batch-invariant mode")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     served = build_app(ServeOptions(model=args.model, device="cpu", dtype="float32", max_model_len=256,
-                                    max_batch_size=args.max_batch_size, max_queue=max(args.levels) * 2))
+                                    max_batch_size=args.max_batch_size, max_queue=max(args.levels) * 2,
+                                    batch_invariant=args.batch_invariant))
     server = BackgroundServer(served.app).start()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=args.timeout, max_retries=0)
     tokenizer = served.tokenizer
@@ -128,7 +133,8 @@ def main() -> None:
         print(f"| {clients} | {rate:.2f} | {tokens:.0f} | {rate / base_rate:.2f}x | {pct('draft')} | {pct('commit')} "
               f"| {pct('total')} | {solved}/{len(rs)} |")
     print(f"\n{args.requests} streaming /v1/completions requests per level (stream_drafts, max_tokens 82, one canvas),"
-          f" max_batch_size {args.max_batch_size}, puzzles with {args.givens} givens; model {args.model}")
+          f" max_batch_size {args.max_batch_size}, puzzles with {args.givens} givens; model {args.model}; "
+          f"{'batch-invariant' if args.batch_invariant else 'default'} mode")
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, openai {openai.__version__}, "
           f"python {sys.version.split()[0]}, {platform.machine()} {platform.processor() or platform.platform()}, "
           f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, one run per level")

@@ -12,11 +12,18 @@ rather than letting the pipeline retry with transformers' built-in class.
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
 
 from .accuracy import Trace, load_trace
+from .constraints import ConstraintError, JsonSchema, Regex
 from .generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig
 from .model import DiffusionGemmaForBlockDiffusion, PipelineLoadError
 from .modeling import BlockDiffusionCache, DiffusionGemmaConfig, DiffusionGemmaOutput, DiffusionGemmaTextConfig
-from .generation.sampler import register_sampler
+from .generation.sampler import (
+    BlockRefinementSamplerConfig,
+    ConfidenceThresholdSamplerConfig,
+    DiscreteDDIMSamplerConfig,
+    register_sampler,
+)
 from .processing import DiffusionGemmaProcessor, load_processor
+from .training.collator import DiffusionGemmaDataCollator
 
 AutoModelForCausalLM.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
 AutoModelForImageTextToText.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
@@ -25,14 +32,21 @@ AutoProcessor.register(DiffusionGemmaConfig, DiffusionGemmaProcessor, exist_ok=T
 __version__ = "0.1.0"
 __all__ = [
     "BlockDiffusionCache",
+    "BlockRefinementSamplerConfig",
+    "ConfidenceThresholdSamplerConfig",
+    "ConstraintError",
     "DiffusionGemmaConfig",
+    "DiffusionGemmaDataCollator",
     "DiffusionGemmaForBlockDiffusion",
     "DiffusionGemmaGenerationConfig",
     "DiffusionGemmaOutput",
     "DiffusionGemmaProcessor",
     "DiffusionGemmaTextConfig",
+    "DiscreteDDIMSamplerConfig",
     "EntropyBoundSamplerConfig",
+    "JsonSchema",
     "PipelineLoadError",
+    "Regex",
     "Trace",
     "load_processor",
     "load_trace",

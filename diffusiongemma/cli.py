@@ -1,9 +1,12 @@
 """The `diffusiongemma` command line.
 
     diffusiongemma generate --model PATH "prompt"      generate text with a checkpoint folder
+        [--sampler NAME --sampler-setting K=V ...]       ... with another sampler (docs/samplers.md)
         [--image FILE ...]                               ... about images (docs/vision.md)
+        [--regex P | --json-schema FILE]                 ... that matches a constraint (docs/constraints.md)
     diffusiongemma sudoku [--puzzle P | --puzzles F | --eval N] [--json]
     diffusiongemma train sudoku --out DIR
+    diffusiongemma train sft --model PATH --data FILE.jsonl --out DIR [--lora]   fine-tune (docs/training.md)
     diffusiongemma quantize --scheme fp8-dynamic|nvfp4 SRC DST
     diffusiongemma trace | compare | golden             reference accuracy (docs/reference-accuracy.md)
 
@@ -14,7 +17,7 @@ import argparse
 import os
 import sys
 
-from .cli_types import dtype_arg, positive_int  # noqa: F401 - positive_int: part of this module's API
+from .cli_types import dtype_arg, positive_int, seed_arg, steps_arg  # noqa: F401 - positive_int: part of this module's API
 from .io.tokenizer_files import TOKENIZER_FILES, folder_has_tokenizer
 
 
@@ -43,12 +46,18 @@ def add_generate_command(subparsers) -> None:
                    help="tokenizer folder or Hub id, for a --model folder that has no tokenizer files")
     p.add_argument("--max-new-tokens", type=positive_int, default=None,
                    help="new tokens to generate (rounded up to whole canvases); default: the checkpoint's setting")
-    p.add_argument("--steps", type=positive_int, default=None,
+    p.add_argument("--steps", type=steps_arg, default=None,
                    help="maximum denoising steps per canvas (max_denoising_steps); default: the checkpoint's")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="random seed (default 0)")
     p.add_argument("--sampling", choices=["reference", "fast"], default="reference",
                    help="reference: the built-in implementation's tokens (default); fast: the same distribution, "
                         "several times faster, its own random stream")
+    p.add_argument("--sampler", default=None, metavar="NAME",
+                   help="entropy-bound, block-refinement, confidence-threshold, discrete-ddim (or a registered "
+                        "sampler config's class name); default: the checkpoint's (docs/samplers.md)")
+    p.add_argument("--sampler-setting", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of the sampler, e.g. threshold=0.9 or corrector_steps=2 (repeat for several; "
+                        "the value is read as JSON: true, 0.5, null, or else a plain string)")
     p.add_argument("--compile", action="store_true",
                    help="run each denoising step as one compiled fixed-shape graph (lock-step batching; the first call pays the compilation)")
     p.add_argument("--dtype", type=_dtype, default="auto", help="float32, bfloat16, float16 or auto (default)")
@@ -64,7 +73,33 @@ def add_generate_command(subparsers) -> None:
                    help="an image the prompt is about (repeat for several, in order); read with Pillow. The prompt's "
                         "image tokens mark where each goes; without any, the images come first (docs/vision.md)")
     p.add_argument("--allow-network", action="store_true", help="let --image take http(s) URLs and download them")
+    constrain = p.add_mutually_exclusive_group()
+    constrain.add_argument("--regex", default=None, metavar="P",
+                           help="the answer fully matches regular expression P (docs/constraints.md)")
+    constrain.add_argument("--json-schema", default=None, metavar="FILE",
+                           help="the answer is JSON valid under the JSON schema in FILE (docs/constraints.md)")
     p.set_defaults(func=run_generate)
+
+
+def constraint_from_args(args):
+    """The `Regex` / `JsonSchema` of --regex / --json-schema, or None. A schema file that cannot be read or is not
+    JSON is an error naming the file."""
+    from .constraints import JsonSchema, Regex
+
+    if getattr(args, "regex", None) is not None:
+        return Regex(args.regex)
+    if getattr(args, "json_schema", None) is None:
+        return None
+    import json
+
+    try:
+        with open(args.json_schema, encoding="utf-8") as f:
+            schema = json.load(f)
+    except OSError as error:
+        raise ValueError(f"--json-schema {args.json_schema}: cannot read it ({error.strerror})") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--json-schema {args.json_schema}: not JSON (line {error.lineno}: {error.msg})") from None
+    return JsonSchema(schema)
 
 
 def run_generate(args) -> int:
@@ -77,6 +112,7 @@ def run_generate(args) -> int:
     from .processing import image_prompt_inputs, load_image, load_processor
 
     check_model_folder(args.model)  # first: "not a DiffusionGemma folder" says more than "no tokenizer"
+    constraint = constraint_from_args(args)  # a bad regex or schema fails before the model loads
     tokenizer_path = args.tokenizer or args.model
     if not has_tokenizer_files(tokenizer_path):
         where = "--tokenizer" if args.tokenizer else "--model"
@@ -84,6 +120,11 @@ def run_generate(args) -> int:
               "--tokenizer with the folder or Hub id of the checkpoint's tokenizer", file=sys.stderr)
         return 2
     images = [load_image(source, args.allow_network) for source in args.image]  # before the model: fail fast
+    try:  # before the model too: a bad sampler setting needs no weights to be refused
+        sampler_config = sampler_from_args(args.sampler, args.sampler_setting, args.model)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.model, dtype=args.dtype).to(args.device).eval()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     vision = {}
@@ -119,16 +160,66 @@ def run_generate(args) -> int:
                              ansi=color and is_terminal(sys.stderr))
     if args.compile:
         overrides["compile"] = True
+    if sampler_config is not None:
+        overrides["sampler_config"] = sampler_config
     if args.sampling == "fast":
         overrides.update(sampling="fast", seed=args.seed)
-    else:
+    else:  # named: a sampler whose default is per-row ("fast") still runs reference here, as the flag says
+        overrides["sampling"] = "reference"
         torch.manual_seed(args.seed)
+    if constraint is not None:
+        overrides.update(constraint=constraint, tokenizer=tokenizer)
     out = model.generate(ids, streamer=_Tee(printer, progress), **overrides)
     if not args.quiet:
         tpf = out.tokens_per_forward.tolist() if hasattr(out, "tokens_per_forward") else []
         print(f"[{canvases} canvas(es) max, tokens per forward: {', '.join(f'{t:.2f}' for t in tpf)}]",
               file=sys.stderr)
+    if getattr(out, "truncated", None) is not None and bool(out.truncated.any()):
+        print("error: --max-new-tokens ran out before the answer matched the constraint: the text above is "
+              "incomplete", file=sys.stderr)
+        return 3
     return 0
+
+
+def sampler_from_args(name: str | None, settings: list[str], model_path: str):
+    """--sampler NAME and --sampler-setting KEY=VALUE -> a sampler config, or None (the checkpoint's as it is).
+
+    Settings without --sampler apply to the checkpoint's own sampler config (generation_config.json).
+
+    Raises:
+        ValueError: naming the flag and the setting.
+    """
+    import json
+
+    from .generation.sampler_settings import SamplerSettingError, sampler_config_class_named, sampler_config_from
+
+    if name is None and not settings:
+        return None
+    pairs = {}
+    for item in settings:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--sampler-setting must look like KEY=VALUE, got {item!r}")
+        try:
+            pairs[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            pairs[key] = raw
+    base = None
+    if name is None:
+        from .generation_config import DiffusionGemmaGenerationConfig
+
+        try:
+            base = DiffusionGemmaGenerationConfig.from_pretrained(model_path).sampler_config
+        except OSError:  # no generation_config.json: the built-in default
+            base = None
+        if base is None:
+            name = "entropy-bound"
+    try:
+        config_class = sampler_config_class_named(name) if name is not None else type(base)
+        return sampler_config_from(config_class, pairs, base)
+    except SamplerSettingError as error:
+        flag = "--sampler" if error.field == "sampler" and name is not None and not pairs else "--sampler-setting"
+        raise ValueError(f"{flag} {error.field}: {error}") from None
 
 
 class _ProgressLine:
@@ -198,8 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .quantization.cli import add_quantize_command
     from .serving.cli import add_serve_commands
     from .sudoku.cli import add_sudoku_commands
+    from .training.cli import add_sft_command
 
-    add_sudoku_commands(subparsers)
+    add_sft_command(add_sudoku_commands(subparsers))  # `train sudoku`, then `train sft` beside it
     add_quantize_command(subparsers)
     add_accuracy_commands(subparsers)
     add_serve_commands(subparsers)

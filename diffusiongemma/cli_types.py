@@ -24,3 +24,36 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def bounded_int(low: int, high: int, what: str):
+    """argparse type: an integer in [low, high]; `what` says where the bound comes from (shown in the error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}] ({what}), got {value}")
+        return value
+
+    parse.__name__ = f"int in [{low}, {high}]"
+    return parse
+
+
+def steps_arg(text: str) -> int:
+    """argparse type for --steps (max_denoising_steps): 1 .. MAX_DENOISING_STEPS."""
+    from .generation_config import MAX_DENOISING_STEPS
+
+    return bounded_int(1, MAX_DENOISING_STEPS, "max_denoising_steps' bound, docs/errors.md")(text)
+
+
+def seed_arg(text: str) -> int:
+    """argparse type for --seed: 0 .. 2**32 - 1 (the CPU generator keeps 32 bits of a seed)."""
+    return bounded_int(0, 2**32 - 1, "the CPU generator keeps 32 bits of a seed")(text)
+
+
+def port_arg(text: str) -> int:
+    """argparse type for --port: 0 .. 65535 (0: any free port)."""
+    return bounded_int(0, 65535, "a TCP port")(text)

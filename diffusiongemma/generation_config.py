@@ -18,7 +18,8 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
 
 from .sampler_configs import EntropyBoundSamplerConfig, sampler_config_class, sampler_config_names
 
-__all__ = ["DiffusionGemmaGenerationConfig", "EntropyBoundSamplerConfig", "GLOBAL_DEFAULTS", "resolve_generation_config"]
+__all__ = ["DiffusionGemmaGenerationConfig", "EntropyBoundSamplerConfig", "GLOBAL_DEFAULTS", "MAX_DENOISING_STEPS",
+           "MAX_STABILITY_THRESHOLD", "resolve_generation_config", "validate_field"]
 
 # spec A.5: applied at generate time to fields that neither the model's config nor the call set
 GLOBAL_DEFAULTS = {
@@ -31,6 +32,14 @@ GLOBAL_DEFAULTS = {
 }
 DEFAULT_ENTROPY_BOUND = 0.1
 FP32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+# Documented upper bounds (docs/errors.md). The released config takes 48 steps; a bound keeps one request (a server
+# row, a CLI call) from allocating or looping without end: the temperature schedule holds N + 1 floats and the step
+# counters are int32 on the device.
+MAX_DENOISING_STEPS = 100_000
+# A canvas stops on stability only after S + 1 equal argmax canvases, so any S >= max_denoising_steps means "never
+# stop on stability"; the bound only keeps the value representable (the stopper compares it on the device).
+MAX_STABILITY_THRESHOLD = MAX_DENOISING_STEPS
+MAX_NEW_TOKENS = 2**31 - 1  # token counts and positions are int32/int64 on the device; nothing longer fits a model
 
 
 def _is_int(value) -> bool:
@@ -50,14 +59,9 @@ class DiffusionGemmaGenerationConfig(_BuiltinGenerationConfig):
     """
 
     def validate(self, **unused_kwargs) -> None:
-        def positive_int(name):
-            value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value <= 0):
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
-
-        positive_int("max_denoising_steps")
-        positive_int("max_new_tokens")
-        positive_int("max_length")
+        for name in ("max_denoising_steps", "max_new_tokens", "max_length", "t_min", "t_max", "stability_threshold",
+                     "confidence_threshold"):
+            validate_field(name, getattr(self, name))
         if self.sampler_config is not None and (
             isinstance(self.sampler_config, dict) or type(self.sampler_config).__name__ not in sampler_config_names()
             or sampler_config_class(type(self.sampler_config).__name__) is not type(self.sampler_config)
@@ -66,23 +70,8 @@ class DiffusionGemmaGenerationConfig(_BuiltinGenerationConfig):
                 f"`sampler_config` must be a registered sampler config ({', '.join(sampler_config_names())}; see "
                 f"diffusiongemma.register_sampler), got {type(self.sampler_config).__name__}"
             )
-        for name in ("t_min", "t_max"):
-            value = getattr(self, name)
-            if value is not None and (not _is_real(value) or not math.isfinite(value) or value < 0
-                                      or value > FP32_MAX):
-                raise ValueError(f"`{name}` must be a finite number >= 0 (at most {FP32_MAX:.3g}: the schedule "
-                                 f"runs in float32), got {value!r}")
         if self.t_min is not None and self.t_max is not None and not self.t_max > self.t_min:
             raise ValueError(f"`t_max` must be greater than `t_min`, got t_max={self.t_max} <= t_min={self.t_min}")
-        if self.stability_threshold is not None and (
-            not _is_int(self.stability_threshold) or self.stability_threshold < 0
-        ):
-            raise ValueError(f"`stability_threshold` must be an integer >= 0, got {self.stability_threshold!r}")
-        if self.confidence_threshold is not None and (
-            not isinstance(self.confidence_threshold, float) or not math.isfinite(self.confidence_threshold)
-            or self.confidence_threshold <= 0
-        ):
-            raise ValueError(f"`confidence_threshold` must be a finite float > 0, got {self.confidence_threshold!r}")
         bound = getattr(self.sampler_config, "entropy_bound", None)
         if isinstance(self.sampler_config, EntropyBoundSamplerConfig) and (
             not isinstance(bound, float) or not math.isfinite(bound) or bound <= 0
@@ -114,6 +103,37 @@ class DiffusionGemmaGenerationConfig(_BuiltinGenerationConfig):
     def from_builtin(cls, config: _BuiltinGenerationConfig) -> "DiffusionGemmaGenerationConfig":
         return cls(**{k: v for k, v in config.to_dict().items() if k != "sampler_config"},
                    sampler_config=config.sampler_config)
+
+
+def validate_field(name: str, value) -> None:
+    """Check one scalar field on its own (its type and range; not the t_min < t_max pair). None passes.
+
+    Raises:
+        ValueError: naming the field, what was expected and the value.
+    """
+    if value is None:
+        return
+    upper = {"max_denoising_steps": MAX_DENOISING_STEPS, "max_new_tokens": MAX_NEW_TOKENS,
+             "max_length": MAX_NEW_TOKENS}
+    if name in upper:
+        if not _is_int(value) or value <= 0:
+            raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+        if value > upper[name]:
+            raise ValueError(f"`{name}` must be at most {upper[name]}, got {value!r}")
+    elif name in ("t_min", "t_max"):
+        if not _is_real(value) or not math.isfinite(value) or value < 0 or value > FP32_MAX:
+            raise ValueError(f"`{name}` must be a finite number >= 0 (at most {FP32_MAX:.3g}: the schedule runs in "
+                             f"float32), got {value!r}")
+    elif name == "stability_threshold":
+        if not _is_int(value) or value < 0:
+            raise ValueError(f"`stability_threshold` must be an integer >= 0, got {value!r}")
+        if value > MAX_STABILITY_THRESHOLD:
+            raise ValueError(f"`stability_threshold` must be at most {MAX_STABILITY_THRESHOLD}, got {value!r}")
+    elif name == "confidence_threshold":
+        if not isinstance(value, float) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"`confidence_threshold` must be a finite float > 0, got {value!r}")
+    else:
+        raise KeyError(f"validate_field does not check {name!r}")
 
 
 def resolve_generation_config(

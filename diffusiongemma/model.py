@@ -18,6 +18,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 
+from .diffusers_views import attach_diffusers_views, pipeline_forward_inputs
 from .generation.loop import generate
 from .generation_config import DiffusionGemmaGenerationConfig
 from .loading import PipelineLoadError, generation_config_for, load_pretrained, save_atomically
@@ -95,6 +96,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         self.model = DiffusionGemmaModel(config)
         self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
         self.post_init()
+        attach_diffusers_views(self)  # what diffusers' DiffusionGemmaPipeline calls (diffusers_views.py)
 
     def init_parallel_plans(self) -> None:
         """transformers' plans plus the text stack's under our module paths (`modeling/parallel.py`)."""
@@ -247,7 +249,8 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
             decoder_attention_mask: [B, S] or [B, S+L] padding over the cache (canvas part must be 1). As in the
                 reference, the decoder only masks padding when this is given.
             decoder_position_ids: [1 or B, L]; default: slots S..S+L-1.
-            labels: [B, L] clean canvas for the training loss (see `diffusiongemma.training`).
+            labels: [B, L] clean canvas for the training loss, or [B, K*L] for K canvases (see
+                `diffusiongemma.training`); `config.ar_loss_weight` (default 1.0) weighs its AR prefix loss.
             pixel_values: [I, M, 3*p*p] images from the Gemma 4 processor, encoded once into the placeholders of
                 `input_ids` (`config.image_token_id`); image_position_ids: [I, M, 2] their patch positions.
             mm_token_type_ids: [B, P] 1 at image tokens: with `use_bidirectional_attention == "vision"` each image's
@@ -265,6 +268,10 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         check_no_audio_or_video(kwargs)
         if kwargs:
             raise TypeError(f"forward() got unexpected keyword arguments: {sorted(kwargs)}")
+        if past_key_values is not None and not isinstance(past_key_values, BlockDiffusionCache):
+            # diffusers' pipeline: its transformers cache carries ours (diffusers_views.py)
+            past_key_values, decoder_attention_mask = pipeline_forward_inputs(self, past_key_values,
+                                                                              decoder_attention_mask)
         vision = dict(pixel_values=pixel_values, image_position_ids=image_position_ids,
                       mm_token_type_ids=mm_token_type_ids, mm_encoder_outputs=mm_encoder_outputs)
         if input_ids is None and any(v is not None for v in vision.values()):
@@ -277,7 +284,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         if labels is not None:
             loss = block_diffusion_loss(
                 self, input_ids=input_ids, attention_mask=attention_mask, labels=labels,
-                self_conditioning_mask=self_conditioning_mask,
+                self_conditioning_mask=self_conditioning_mask, ar_weight=getattr(self.config, "ar_loss_weight", 1.0),
             )
             return loss if return_dict else loss.to_tuple()
         text = self.config.text_config

@@ -101,8 +101,9 @@ def load_image(source: str, allow_network: bool = False):
     """An RGB `PIL.Image` from a file path (or, with `allow_network`, an http(s) URL).
 
     Raises:
-        ValueError: a URL without `allow_network`; a file Pillow cannot read as an image (named, with the reason).
-        FileNotFoundError: no such file.
+        ValueError: a URL without `allow_network`, or one that cannot be downloaded; a file Pillow cannot read as an
+            image or refuses as too large (named, with the reason).
+        FileNotFoundError: no such file. IsADirectoryError: a folder.
     """
     try:
         from PIL import Image, UnidentifiedImageError
@@ -114,12 +115,24 @@ def load_image(source: str, allow_network: bool = False):
                              "it, or save it and pass the file")
         from transformers.image_utils import load_image as fetch
 
-        return fetch(source).convert("RGB")
+        try:
+            return fetch(source).convert("RGB")
+        except Image.DecompressionBombError as error:
+            raise ValueError(f"image {source} is too large to decode safely ({error})") from None
+        except Exception as error:  # noqa: BLE001 - requests/httpx/PIL errors: name the URL
+            raise ValueError(f"image {source} could not be downloaded or read ({type(error).__name__}: "
+                             f"{error})") from None
+    if os.path.isdir(source):
+        raise IsADirectoryError(f"image {source} is a folder: pass one image file per --image")
     if not os.path.isfile(source):
         raise FileNotFoundError(f"image file {source} does not exist")
     try:
         with Image.open(source) as image:
             return image.convert("RGB")
+    except Image.DecompressionBombError as error:  # Pillow refuses more than twice MAX_IMAGE_PIXELS
+        raise ValueError(f"image file {source} is too large to decode safely ({error}); shrink it first") from None
+    except MemoryError:
+        raise ValueError(f"image file {source} is too large to decode in memory; shrink it first") from None
     except (UnidentifiedImageError, OSError) as error:
         raise ValueError(f"image file {source} could not be read as an image ({error})") from None
 

@@ -93,7 +93,13 @@ def test_generate_chat_show_drafts_and_progress(saved_pair, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["generate", "--model", "x", "--steps", "0", "p"], "expected a positive integer"),
+    (["generate", "--model", "x", "--steps", "0", "p"], "expected an integer in [1, 100000]"),
+    (["generate", "--model", "x", "--steps", "2147483648", "p"], "expected an integer in [1, 100000]"),
+    (["generate", "--model", "x", "--seed", str(2**32), "p"], "the CPU generator keeps 32 bits"),
+    (["generate", "--model", "x", "--seed", "-1", "p"], "--seed"),
+    (["trace", "--model", "x", "--prompt", "p", "--out", "o", "--steps", "2147483648"], "--steps"),
+    (["sudoku", "--seed", str(2**64)], "--seed"),
+    (["sudoku", "--max-steps", "2147483648"], "--max-steps"),
     (["generate", "--model", "x", "--dtype", "float8", "p"], "--dtype must be one of"),
     (["generate", "p"], "--model"),
 ])

@@ -55,3 +55,13 @@ def test_instance_and_chat_messages(saved_pair):
 def test_greedy_request_is_rejected(generator):
     with pytest.raises(ValueError, match="do_sample"):
         generator("hello", max_new_tokens=16, do_sample=False)
+
+
+def test_constraint_passes_through(generator):
+    import diffusiongemma
+
+    out = generator(["abc", "de"], constraint=diffusiongemma.Regex("[0-9]{5}"), tokenizer=generator.tokenizer,
+                    max_new_tokens=16, max_denoising_steps=2, return_full_text=False)
+    for item in out:
+        assert len(item) == 1 and item[0]["generated_text"].isdigit() and len(item[0]["generated_text"]) == 5
+        assert item[0]["truncated"] is False  # the output's per-row flag reaches the pipeline's answer

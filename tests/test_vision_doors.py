@@ -109,3 +109,20 @@ def test_cli_image_errors(folder, capsys, name, message):
         (folder / name).write_text("not an image")
     assert main(["generate", "--model", str(folder), "--image", source, "hi"]) == 1
     assert message in capsys.readouterr().err
+
+
+def test_cli_image_folder_huge_image_and_dead_url(folder, capsys, monkeypatch, tmp_path):
+    from PIL import Image
+
+    assert main(["generate", "--model", str(folder), "--image", str(tmp_path), "hi"]) == 1
+    assert f"image {tmp_path} is a folder" in capsys.readouterr().err
+    big = tmp_path / "big.png"
+    Image.new("RGB", (100, 100)).save(big)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 10,000 pixels: over twice the limit, as 14000x14000 is
+    assert main(["generate", "--model", str(folder), "--image", str(big), "hi"]) == 1
+    err = capsys.readouterr().err
+    assert f"image file {big} is too large to decode safely" in err and "Traceback" not in err
+    dead = "http://127.0.0.1:9/cat.png"  # the discard port: nothing listens
+    assert main(["generate", "--model", str(folder), "--image", dead, "--allow-network", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert f"image {dead} could not be downloaded or read" in err and "Traceback" not in err

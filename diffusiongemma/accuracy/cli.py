@@ -11,11 +11,41 @@ import json
 import sys
 from pathlib import Path
 
+from ..cli_types import seed_arg, steps_arg
+
 
 def _positive_int(text: str) -> int:
     from ..cli_types import positive_int
 
     return positive_int(text)
+
+
+def _fraction(text: str) -> float:
+    """argparse type for --min-top1: a number in [0, 1] (NaN would pass every comparison)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not math.isfinite(value) or not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    """argparse type for --max-kl: a finite number >= 0."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
 
 
 def _load(args):
@@ -56,14 +86,15 @@ def add_accuracy_commands(subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one prompt")
     src.add_argument("--prompts", help="a file with one prompt per line (a batch, left-padded)")
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--out", required=True, help="output folder (refused if it holds a trace, unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace a trace already in --out")
+    p.add_argument("--seed", type=seed_arg, default=0, help="random seed (default 0)")
     p.add_argument("--top-k", type=_positive_int, default=8, help="top-k tokens kept per position (default 8)")
     p.add_argument("--sc-embedding", action="store_true",
                    help="also keep the exact self-conditioning input [B, L, H] per step (4*H bytes a position), so "
                         "the replay needs no top-k approximation")
     p.add_argument("--max-new-tokens", type=_positive_int, default=None, help="new tokens (whole canvases)")
-    p.add_argument("--steps", type=_positive_int, default=None, help="max denoising steps per canvas")
+    p.add_argument("--steps", type=steps_arg, default=None, help="max denoising steps per canvas")
     p.add_argument("--sampling", choices=["reference", "fast", "gumbel"], default="reference",
                    help="reference (default), fast (lock-step, per-row seeds) or gumbel (semantics switch: reference "
                         "with vLLM's Gumbel-max draw)")
@@ -76,9 +107,9 @@ def add_accuracy_commands(subparsers) -> None:
     _model_args(p)
     p.add_argument("--trace", default=None, help="trace folder (manifest.json + trace.safetensors); or --engine-url")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    p.add_argument("--min-top1", type=float, default=None,
+    p.add_argument("--min-top1", type=_fraction, default=None,
                    help="least top-1 agreement per step (default 0.99; minimal traces: none)")
-    p.add_argument("--max-kl", type=float, default=None, help="largest mean KL per step (default 0.01)")
+    p.add_argument("--max-kl", type=_non_negative, default=None, help="largest mean KL per step (default 0.01)")
     from .engine_compare import add_engine_arguments
 
     add_engine_arguments(p)
@@ -89,17 +120,34 @@ def add_accuracy_commands(subparsers) -> None:
                                           "a first-step top-k fingerprint per prompt, one JSON line each.")
     _model_args(p)
     p.add_argument("--prompts", help="prompts file (one per line); required without --check")
-    p.add_argument("--out", help="golden file to write (.jsonl); required without --check")
+    p.add_argument("--out", help="golden file to write (.jsonl); required without --check; refused if it exists, "
+                                 "unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--check", help="golden file to re-run and compare (exit 0 when identical, 1 otherwise)")
-    p.add_argument("--seed", type=int, default=None, help="seed (default 0 when writing; the file's when checking)")
+    p.add_argument("--seed", type=seed_arg, default=None, help="seed (default 0 when writing; the file's when checking)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=None, help="new tokens (whole canvases)")
-    p.add_argument("--steps", type=_positive_int, default=None, help="max denoising steps per canvas")
+    p.add_argument("--steps", type=steps_arg, default=None, help="max denoising steps per canvas")
     p.set_defaults(func=run_golden)
+
+
+def _refuse_existing(path: Path, what: str) -> None:
+    """Say why an existing output is not replaced."""
+    print(f"error: {path} holds {what} already: pass --overwrite to replace it, or choose another --out",
+          file=sys.stderr)
 
 
 def run_trace(args) -> int:
     import torch
 
+    from .format import MANIFEST, TENSORS
+
+    out_dir = Path(args.out)
+    if out_dir.exists() and not out_dir.is_dir():
+        print(f"error: --out {out_dir} is a file, not a folder", file=sys.stderr)
+        return 2
+    if not args.overwrite and ((out_dir / MANIFEST).exists() or (out_dir / TENSORS).exists()):
+        _refuse_existing(out_dir, "a trace")
+        return 2
     model, tokenizer = _load(args)
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
     if not prompts:
@@ -119,7 +167,7 @@ def run_trace(args) -> int:
     trace = out.trace
     trace.manifest["prompts"] = prompts
     trace.manifest["seed_argument"] = args.seed
-    trace.save(args.out)
+    trace.save(args.out, overwrite=args.overwrite)  # atomic: an interruption leaves the old trace whole
     records = trace.tensors["canvas_index"].shape[0]
     print(f"wrote {args.out}: {trace.num_canvases} canvas(es), {records} step record(s), batch {len(prompts)}")
     return 0
@@ -171,6 +219,9 @@ def run_golden(args) -> int:
 
     if args.check is None and (args.prompts is None or args.out is None):
         print("error: golden needs --prompts and --out to write, or --check FILE", file=sys.stderr)
+        return 2
+    if args.check is None and Path(args.out).exists() and not args.overwrite:
+        _refuse_existing(Path(args.out), "a file")
         return 2
     model, tokenizer = _load(args)
     if args.check is not None:

@@ -8,6 +8,7 @@ Legend: R records (canvas, step), B batch, P prompt, L canvas length, k top-k wi
 """
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,16 +85,39 @@ class Trace:
         """Record indices [n] of canvas c, in step order."""
         return torch.nonzero(self.tensors["canvas_index"] == c).view(-1)
 
-    def save(self, directory) -> Path:
-        """Write `DIR/manifest.json` and `DIR/trace.safetensors` (the folder is created). Returns the folder."""
+    def save(self, directory, overwrite: bool = False) -> Path:
+        """Write `DIR/manifest.json` and `DIR/trace.safetensors` (the folder is created). Returns the folder.
+
+        The folder is written atomically (`io.atomic.atomic_folder`): an interrupted save leaves the old trace whole,
+        never a new manifest beside old tensors. The manifest records the sha256 of the tensors file, which
+        `load_trace` checks, so a manifest and tensors of different writes are refused.
+
+        Raises:
+            FileExistsError: `directory` holds a trace already and `overwrite` is False.
+        """
         from safetensors.torch import save_file
+
+        from ..io.atomic import atomic_folder
 
         validate(self)
         out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / MANIFEST).write_text(json.dumps(self.manifest, indent=2, sort_keys=True, default=str) + "\n")
-        save_file({k: v.contiguous() for k, v in self.tensors.items()}, str(out / TENSORS))
+        if not overwrite and ((out / MANIFEST).exists() or (out / TENSORS).exists()):
+            raise FileExistsError(f"{out} holds a trace already: pass overwrite=True (--overwrite) to replace it")
+        with atomic_folder(out, overwrite=True) as work:
+            save_file({k: v.contiguous() for k, v in self.tensors.items()}, str(work / TENSORS))
+            manifest = dict(self.manifest, tensors_sha256=_sha256(work / TENSORS))
+            (work / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
         return out
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def load_trace(directory) -> Trace:
@@ -112,6 +136,10 @@ def load_trace(directory) -> Trace:
         manifest = json.loads((folder / MANIFEST).read_text())
     except json.JSONDecodeError as e:
         raise TraceFormatError(f"{folder / MANIFEST} is not valid JSON: {e}") from None
+    expected = manifest.get("tensors_sha256") if isinstance(manifest, dict) else None
+    if expected is not None and expected != _sha256(folder / TENSORS):
+        raise TraceFormatError(f"{folder / TENSORS} does not match its manifest (`tensors_sha256`): the two files come "
+                               "from different writes, or the tensors file is damaged")
     try:
         tensors = load_file(str(folder / TENSORS))
     except Exception as e:  # safetensors raises its own error types for a corrupt header
@@ -149,8 +177,9 @@ def validate(trace: Trace) -> None:
     _check(m["version"] == FORMAT_VERSION, f"manifest `version` {m['version']!r} is not supported (this reader "
            f"reads version {FORMAT_VERSION})")
     for key in ("prompt_length", "canvas_length"):
-        _check(isinstance(m[key], int) and m[key] >= (1 if key == "canvas_length" else 0),
+        _check(_is_int(m[key]) and m[key] >= (1 if key == "canvas_length" else 0),
                f"manifest `{key}` must be a non-negative int (canvas_length positive), got {m[key]!r}")
+    _check_manifest_types(m)
     sizes = {"P": m["prompt_length"]}
     _check_tensor("sequences", t.get("sequences"), *BASE_TENSORS["sequences"], sizes)
     new = sizes["T"] - m["prompt_length"]
@@ -159,6 +188,11 @@ def validate(trace: Trace) -> None:
            f"canvases of canvas_length ({m['canvas_length']}) expected")
     if "attention_mask" in t:
         _check_tensor("attention_mask", t["attention_mask"], *BASE_TENSORS["attention_mask"], sizes)
+        _check_left_padding(t["attention_mask"])
+    _check(bool((t["sequences"] >= 0).all()), "tensor `sequences` holds negative token ids")
+    if m.get("vocab_size") is not None:
+        _check(bool((t["sequences"] < m["vocab_size"]).all()), f"tensor `sequences` holds token ids outside "
+               f"[0, vocab_size={m['vocab_size']})")
     present = [name for name in STEP_TENSORS if name in t]
     if not present:
         return  # a minimal trace
@@ -178,8 +212,89 @@ def validate(trace: Trace) -> None:
            "canvases in `sequences`)")
     _check(bool((ci[1:] >= ci[:-1]).all()), "tensor `canvas_index` must be non-decreasing (records in canvas order)")
     for name in ("input_canvas", "argmax", "topk_ids", "sc_ids"):
+        _check(bool((t[name] >= 0).all()), f"tensor `{name}` holds negative token ids")
         if vocab is not None:
-            _check(bool(((t[name] >= 0) & (t[name] < vocab)).all()), f"tensor `{name}` holds token ids outside "
-                   f"[0, vocab_size={vocab})")
+            _check(bool((t[name] < vocab).all()), f"tensor `{name}` holds token ids outside [0, vocab_size={vocab})")
     _check(bool(torch.isfinite(t["temperature"]).all() & (t["temperature"] > 0).all()),
            "tensor `temperature` must be finite and positive")
+    _check_step_order(t)
+    _check_values(t)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_manifest_types(m: dict) -> None:
+    """The optional manifest keys `compare` reads must have their documented types (a mistyped one is a malformed
+    trace, not a crash inside the replay)."""
+    if m.get("vocab_size") is not None:
+        _check(_is_int(m["vocab_size"]) and m["vocab_size"] > 0,
+               f"manifest `vocab_size` must be a positive int, got {m['vocab_size']!r}")
+    if m.get("sampling") is not None:
+        _check(isinstance(m["sampling"], str), f"manifest `sampling` must be a string, got {m['sampling']!r}")
+    g = m.get("generation_config")
+    if g is None:
+        return
+    _check(isinstance(g, dict), f"manifest `generation_config` must be a JSON object, got {g!r}")
+    checks = {
+        "max_denoising_steps": (lambda v: _is_int(v) and v > 0, "a positive int"),
+        "stability_threshold": (lambda v: _is_int(v) and v >= 0, "an int >= 0"),
+        "confidence_threshold": (lambda v: _is_number(v) and v > 0, "a finite number > 0"),
+        "t_min": (lambda v: _is_number(v) and v >= 0, "a finite number >= 0"),
+        "t_max": (lambda v: _is_number(v) and v >= 0, "a finite number >= 0"),
+    }
+    for key, (ok, what) in checks.items():
+        if g.get(key) is not None:
+            _check(ok(g[key]), f"manifest `generation_config.{key}` must be {what}, got {g[key]!r}")
+    sampler = g.get("sampler_config")
+    if sampler is not None:
+        _check(isinstance(sampler, dict), f"manifest `generation_config.sampler_config` must be a JSON object, got "
+               f"{sampler!r}")
+        bound = sampler.get("entropy_bound")
+        if bound is not None:
+            _check(_is_number(bound) and bound > 0, f"manifest `generation_config.sampler_config.entropy_bound` "
+                   f"must be a finite number > 0, got {bound!r}")
+
+
+def _check_left_padding(mask: torch.Tensor) -> None:
+    """Every row keeps at least one prompt token, and padding (False) only on the left."""
+    rows = torch.nonzero(~mask.any(dim=1)).view(-1).tolist()
+    _check(not rows, f"tensor `attention_mask` rows {rows} are all False: every row needs a prompt token")
+    right = torch.nonzero((mask.int().diff(dim=1) < 0).any(dim=1)).view(-1).tolist()  # a True followed by a False
+    _check(not right, f"tensor `attention_mask` rows {right} are not left-padded (a False follows a True)")
+
+
+def _check_step_order(t: dict) -> None:
+    """Within each canvas, step_index counts 0, 1, 2, ... and steps_remaining counts down by one from >= 1."""
+    ci, si, n = t["canvas_index"].tolist(), t["step_index"].tolist(), t["steps_remaining"].tolist()
+    for r in range(len(ci)):
+        first = r == 0 or ci[r] != ci[r - 1]
+        expected = 0 if first else si[r - 1] + 1
+        _check(si[r] == expected, f"tensor `step_index` at record {r} is {si[r]}, expected {expected} (canvas "
+               f"{ci[r]}: steps 0, 1, ... in order)")
+        _check(n[r] >= 1, f"tensor `steps_remaining` at record {r} is {n[r]}: it counts the steps left, >= 1")
+        _check(first or n[r] == n[r - 1] - 1, f"tensor `steps_remaining` at record {r} is {n[r]}, expected "
+               f"{n[r - 1] - 1} (one less than the record before)")
+
+
+def _check_values(t: dict) -> None:
+    """Values of the rows that are compared (active rows, and self-conditioning where present): no NaN, log-probs
+    <= 0, entropies finite and >= 0; and some row is active somewhere (else there is nothing to compare)."""
+    active = t["active"]  # [R, B]
+    _check(bool(active.any()), "tensor `active` is False everywhere: no row of any record can be compared")
+    eps = 1e-4  # float rounding of a log-softmax
+    for name, where in (("topk_logprobs", active), ("sc_logprobs", active & t["sc_present"])):
+        values = t[name][where]
+        _check(not bool(values.isnan().any()), f"tensor `{name}` holds NaN")
+        _check(bool((values <= eps).all()), f"tensor `{name}` holds positive log-probabilities (> {eps})")
+    entropy = t["entropy"][active]
+    _check(bool(entropy.isfinite().all()), "tensor `entropy` holds NaN or Inf in active rows")
+    _check(bool((entropy >= -eps).all()), "tensor `entropy` holds negative values in active rows")
+    if "sc_embedding" in t:
+        _check(bool(t["sc_embedding"][active & t["sc_present"]].isfinite().all()),
+               "tensor `sc_embedding` holds NaN or Inf where `sc_present`")

@@ -7,12 +7,14 @@ Legend: L canvas length, k fingerprint width.
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
 
 FINGERPRINT_K = 4
 LOGPROB_TOLERANCE = 1e-3  # fingerprint log-probs are compared within this (they are rounded to 5 decimals)
+TOKENS_PER_FORWARD_TOLERANCE = 2e-6  # written rounded to 6 decimals
 
 
 def golden_record(model, tokenizer, prompt: str, seed: int, max_new_tokens: int | None, steps: int | None) -> dict:
@@ -45,26 +47,88 @@ def golden_record(model, tokenizer, prompt: str, seed: int, max_new_tokens: int 
 
 
 def write_golden(model, tokenizer, prompts: list[str], path, seed: int, max_new_tokens=None, steps=None) -> list:
-    """Write one JSON line per prompt to `path`; returns the records."""
+    """Write one JSON line per prompt to `path` (whole or not at all: a temporary sibling renamed into place);
+    returns the records."""
+    if not prompts:
+        raise ValueError("no prompts to write golden records for")
     records = [golden_record(model, tokenizer, p, seed, max_new_tokens, steps) for p in prompts]
-    Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        temporary.write_text("".join(json.dumps(r) + "\n" for r in records))
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
     return records
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def record_problem(record) -> str | None:
+    """What makes `record` not a golden record (None when it is one): each field's type and the fingerprint's
+    shape ([L][k] ids and finite log-probs <= 0)."""
+    if not isinstance(record, dict):
+        return "is not a JSON object"
+    missing = [k for k in ("prompt", "seed", "tokens", "steps_per_canvas", "tokens_per_forward", "fingerprint")
+               if k not in record]
+    if missing:
+        return f"lacks {missing}"
+    if not isinstance(record["prompt"], str) or not record["prompt"]:
+        return f"`prompt` must be a non-empty string, got {record['prompt']!r}"
+    if not _is_int(record["seed"]) or not 0 <= record["seed"] < 2**32:
+        return f"`seed` must be an int in [0, 2**32 - 1], got {record['seed']!r}"
+    for key in ("max_new_tokens", "max_denoising_steps"):
+        if record.get(key) is not None and (not _is_int(record[key]) or record[key] <= 0):
+            return f"`{key}` must be a positive int or null, got {record[key]!r}"
+    if not isinstance(record["tokens"], list) or not all(_is_int(t) and t >= 0 for t in record["tokens"]):
+        return "`tokens` must be a list of token ids (ints >= 0)"
+    steps = record["steps_per_canvas"]
+    if not isinstance(steps, list) or not steps or not all(_is_int(n) and n > 0 for n in steps):
+        return f"`steps_per_canvas` must be a non-empty list of positive ints, got {steps!r}"
+    if not _is_number(record["tokens_per_forward"]) or record["tokens_per_forward"] <= 0:
+        return f"`tokens_per_forward` must be a finite number > 0, got {record['tokens_per_forward']!r}"
+    fp = record["fingerprint"]
+    if not isinstance(fp, dict) or not isinstance(fp.get("ids"), list) or not isinstance(fp.get("logprobs"), list):
+        return "`fingerprint` must be an object with `ids` and `logprobs` lists"
+    ids, logprobs = fp["ids"], fp["logprobs"]
+    if not ids or len(ids) != len(logprobs):
+        return f"`fingerprint` needs one row of ids and log-probs per position, got {len(ids)} and {len(logprobs)}"
+    for pos, (i, lp) in enumerate(zip(ids, logprobs)):
+        if not isinstance(i, list) or not isinstance(lp, list) or len(i) != FINGERPRINT_K or len(lp) != len(i):
+            return f"`fingerprint` position {pos} must hold {FINGERPRINT_K} ids and {FINGERPRINT_K} log-probs"
+        if not all(_is_int(x) and x >= 0 for x in i):
+            return f"`fingerprint.ids` position {pos} holds {i}: token ids are ints >= 0"
+        if not all(_is_number(x) and x <= 1e-4 for x in lp):
+            return f"`fingerprint.logprobs` position {pos} holds {lp}: log-probs are finite numbers <= 0"
+    return None
 
 
 def read_golden(path) -> list[dict]:
     """The records of a golden file (ValueError naming the line when one is not a golden record)."""
     records = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    try:
+        text = Path(path).read_text()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a text file (golden files are UTF-8 JSON lines)") from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{n} is not JSON: {e}") from None
-        missing = [k for k in ("prompt", "seed", "tokens", "steps_per_canvas", "fingerprint") if k not in record]
-        if missing:
-            raise ValueError(f"{path}:{n} lacks {missing}")
+        problem = record_problem(record)
+        if problem:
+            raise ValueError(f"{path}:{n} is not a golden record: {problem}")
         records.append(record)
+    if not records:
+        raise ValueError(f"{path} holds no golden records (it is empty or blank)")
     return records
 
 
@@ -80,7 +144,11 @@ def first_divergence(expected: dict, got: dict, tokenizer, L: int) -> str | None
         return f"length: expected {len(a)} new tokens, got {len(b)}"
     if expected["steps_per_canvas"] != got["steps_per_canvas"]:
         return f"denoising steps per canvas: expected {expected['steps_per_canvas']}, got {got['steps_per_canvas']}"
+    if abs(expected["tokens_per_forward"] - got["tokens_per_forward"]) > TOKENS_PER_FORWARD_TOLERANCE:
+        return f"tokens per forward: expected {expected['tokens_per_forward']}, got {got['tokens_per_forward']}"
     fa, fb = expected["fingerprint"], got["fingerprint"]
+    if len(fa["ids"]) != len(fb["ids"]):
+        return f"fingerprint: expected {len(fa['ids'])} positions, got {len(fb['ids'])} (one per canvas position)"
     for pos, (ia, ib) in enumerate(zip(fa["ids"], fb["ids"])):
         if ia != ib:
             return f"fingerprint (first step's top-{len(ia)}) at position {pos}: expected ids {ia}, got {ib}"

@@ -14,7 +14,7 @@ import torch
 
 from ..generation.engine import Plan, StepRows, denoise_rows, soft_embedder
 from ..generation.entropy_bound import token_entropy
-from ..generation.sampler import SamplerContext, sampler_class_for
+from ..generation.sampler import SamplerContext, init_sampler_state, sampler_class_for
 from ..generation.stopping import StableAndConfidentStopper
 from ..sampler_configs import EntropyBoundSamplerConfig, sampler_config_class
 from ..modeling.masks import PaddingSlots
@@ -129,10 +129,21 @@ def replay_plan(model, trace: Trace) -> Plan:
     saved = dict(settings.get("sampler_config") or {})
     if saved:
         name = saved.pop("_cls_name", "EntropyBoundSamplerConfig")  # traces before the registry kept only the bound
-        sampler_config = sampler_config_class(name)(**saved)
+        try:
+            sampler_config = sampler_config_class(name)(**saved)
+        except (KeyError, TypeError, ValueError) as error:
+            from .format import TraceFormatError
+
+            raise TraceFormatError(f"manifest `generation_config.sampler_config` ({name}) cannot be rebuilt: "
+                                   f"{error}") from None
     else:
         sampler_config = model.generation_config.sampler_config or EntropyBoundSamplerConfig(entropy_bound=0.1)
-    sampler_class = sampler_class_for(sampler_config, trace.manifest.get("sampling"))
+    try:
+        sampler_class = sampler_class_for(sampler_config, trace.manifest.get("sampling"))
+    except ValueError as error:
+        from .format import TraceFormatError
+
+        raise TraceFormatError(f"manifest `sampling`: {error}") from None
     steps = int(generation_setting(trace, model, "max_denoising_steps"))
     return Plan(
         sampler=sampler_class(sampler_config, SamplerContext(model.config.text_config.vocab_size, steps)),
@@ -164,6 +175,7 @@ def replay_full(model, trace: Trace) -> list[StepScore]:
                 continue
             cache = prefix.ready_for(c)
             state = plan.stopper.init_state(B, trace.canvas_length, device)
+            sampler_state = init_sampler_state(plan.sampler, B, trace.canvas_length, device)
             rebuild.begin_canvas()
             for r in records:
                 soft, shares = rebuild.input(t, r)
@@ -177,9 +189,9 @@ def replay_full(model, trace: Trace) -> list[StepScore]:
                     sequences=t["sequences"][:, : P + c * trace.canvas_length], row_ids=list(range(B)),
                     position_offsets=[0] * B, steps_remaining=[n] * B,
                     generators=[torch.Generator(device=device).manual_seed(b) for b in range(B)]
-                    if plan.sampler.per_row else None, stop_state=state,
+                    if plan.sampler.per_row else None, stop_state=state, sampler_state=sampler_state,
                 ), keep_logits=True)
-                state = out.stop_state
+                state, sampler_state = out.stop_state, out.sampler_state
                 rebuild.update(t, r, out)
                 scores.append(replace(score_step(t, r, c, out), sc_record=shares.record, sc_ours=shares.ours,
                                       sc_spread=shares.spread, sc_matched=shares.matched))
@@ -241,4 +253,11 @@ def replay(model, trace: Trace) -> list[StepScore]:
 
         raise TraceFormatError(f"the trace has canvas_length {trace.canvas_length}, the model "
                                f"{model.canvas_length}")
+    for name in ("sequences", "input_canvas", "argmax", "topk_ids", "sc_ids"):  # a trace without `vocab_size`
+        ids = trace.tensors.get(name)
+        if ids is not None and ids.numel() and int(ids.max()) >= V:
+            from .format import TraceFormatError
+
+            raise TraceFormatError(f"tensor `{name}` holds token id {int(ids.max())}, outside the model's vocabulary "
+                                   f"[0, {V})")
     return replay_minimal(model, trace) if trace.is_minimal else replay_full(model, trace)

@@ -87,6 +87,9 @@ def load_config(path=None) -> DiffusionGemmaConfig:
             data = json.load(f)
         except ValueError as error:
             raise ValueError(f"--config {file} is not valid JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {file} must hold a JSON object (a DiffusionGemmaConfig), got a JSON "
+                         f"{type(data).__name__}")
     if data.get("model_type") not in (None, DiffusionGemmaConfig.model_type):
         raise ValueError(f"--config {file} describes a {data['model_type']!r} model, not DiffusionGemma "
                          f"(model_type {DiffusionGemmaConfig.model_type!r})")
@@ -164,8 +167,12 @@ def convert_orbax(src, dst, config=None, dtype: str = "bfloat16", text_only: boo
     if dtype not in TORCH_DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
     shard_bytes = parse_size(max_shard_size)
-    if os.path.abspath(src) == os.path.abspath(dst):
-        raise ValueError(f"the output folder must differ from the Orbax checkpoint folder ({src})")
+    if os.path.realpath(src) == os.path.realpath(dst):  # realpath: a DST that is a symlink to SRC is SRC
+        raise ValueError(f"the output folder must differ from the Orbax checkpoint folder ({src}; {dst} resolves "
+                         f"to {os.path.realpath(dst)})")
+    if Path(dst).is_symlink():
+        raise ValueError(f"{dst} is a symbolic link (to {os.path.realpath(dst)}): the conversion would replace the "
+                         "link, not write where it points; pass the real folder")
     if not overwrite and holds_checkpoint(Path(dst)):
         raise FileExistsError(f"{dst} already holds a checkpoint: pass --overwrite to replace it")
     if tokenizer is not None and not os.path.isdir(tokenizer):  # before the conversion, not after it

@@ -10,11 +10,12 @@ bounded by the array's own size. `tests/conversion` checks the spec we build aga
 """
 
 import ast
+import contextlib
 import json
 import os
 from dataclasses import dataclass
 
-__all__ = ["INSTALL_HINT", "OrbaxArray", "OrbaxCheckpoint", "read_spec", "require_tensorstore"]
+__all__ = ["INSTALL_HINT", "CheckpointReadError", "OrbaxArray", "OrbaxCheckpoint", "read_spec", "require_tensorstore"]
 
 INSTALL_HINT = ('pip install "diffusiongemma[convert]"  (from a checkout: pip install -e ".[convert]"; it installs '
                 "orbax-checkpoint, tensorstore, zstandard and jax for CPU at the tested versions)")
@@ -91,17 +92,30 @@ class OrbaxCheckpoint:
         self.ts = require_tensorstore()
         self.directory = os.path.abspath(os.fspath(directory))
         meta_file = os.path.join(self.directory, "_METADATA")
+        if os.path.exists(self.directory) and not os.path.isdir(self.directory):
+            raise NotADirectoryError(f"{self.directory} is a file: SRC must be the Orbax checkpoint folder (the one "
+                                     "that holds _METADATA)")
         if not os.path.isdir(self.directory):
             raise FileNotFoundError(f"Orbax checkpoint folder {self.directory} does not exist")
         if not os.path.isfile(meta_file):
             raise FileNotFoundError(f"{self.directory} has no _METADATA file: not an Orbax PyTree checkpoint (pass "
                                     "the folder that holds _METADATA)")
-        with open(meta_file) as f:
-            metadata = json.load(f)
+        try:
+            with open(meta_file, encoding="utf-8") as f:
+                metadata = json.load(f)
+        except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError is a ValueError
+            raise ValueError(f"{meta_file} is not valid JSON ({error}): the checkpoint's metadata is damaged") from None
+        if not isinstance(metadata, dict):
+            raise ValueError(f"{meta_file} must hold a JSON object, got {type(metadata).__name__}")
         self.use_ocdbt = bool(metadata.get("use_ocdbt", os.path.isfile(os.path.join(self.directory,
                                                                                      "manifest.ocdbt"))))
         self.use_zarr3 = bool(metadata.get("use_zarr3", False))
-        leaves = _leaf_paths(metadata, self.directory)
+        try:
+            leaves = _leaf_paths(metadata, self.directory)
+        except (ValueError, SyntaxError, TypeError, KeyError, AttributeError) as error:
+            if isinstance(error, ValueError) and "_METADATA" in str(error):
+                raise
+            raise ValueError(f"{meta_file}: `tree_metadata` is damaged ({type(error).__name__}: {error})") from None
         if not any(p[:2] == ("params", "transformer") for p in leaves):
             roots = sorted({"/".join(p[:2]) for p in leaves})[:5]
             raise ValueError(f"{self.directory} is not rooted at params/transformer/ (spec G); its top-level paths "
@@ -116,11 +130,19 @@ class OrbaxCheckpoint:
         """Every array path below `params/`, e.g. "transformer/embedder/input_embedding"."""
         return sorted(self._names)
 
+    def where(self, path: str) -> str:
+        """Where array `path` is stored, for error messages."""
+        name = self._names[path]
+        if self.use_ocdbt:
+            return f"zarr array {name} in the OCDBT database of {self.directory}"
+        return os.path.join(self.directory, name)
+
     def _open(self, path: str, cache_bytes: int = 0):
         spec = read_spec(self.directory, self._names[path], self.use_ocdbt, self.use_zarr3)
         context = self.context if not cache_bytes else self.ts.Context(
             {"cache_pool": {"total_bytes_limit": int(cache_bytes)}}, parent=self.context)
-        return self.ts.open(spec, open=True, read=True, context=context).result()
+        with reading(path, self.where(path)):
+            return self.ts.open(spec, open=True, read=True, context=context).result()
 
     def array(self, path: str) -> OrbaxArray:
         """Shape and dtype of the array at `path` (its zarr metadata only; no data is read)."""
@@ -133,21 +155,40 @@ class OrbaxCheckpoint:
         """The array at `path`, open for `reads` selections. When several selections share a storage chunk (a
         stacked array saved as one chunk, read layer by layer), that chunk stays cached so it is decoded once."""
         info = self.array(path)
-        reader = ArrayReader(info, self._open(path))
+        reader = ArrayReader(info, self._open(path), self.where(path))
         shape = reader.store.chunk_layout.read_chunk.shape
         if reads > 1 and shape is not None and len(shape) and (shape[0] or 0) > 1:
             chunk_bytes = info.dtype.itemsize
             for n in shape:
                 chunk_bytes *= n
-            reader = ArrayReader(info, self._open(path, cache_bytes=chunk_bytes + 2**20))
+            reader = ArrayReader(info, self._open(path, cache_bytes=chunk_bytes + 2**20), self.where(path))
         return reader
 
 
-class ArrayReader:
-    """One open Orbax array; `read(select, rows)` returns `array[select][rows]` as a NumPy array (stored dtype)."""
+class CheckpointReadError(ValueError):
+    """An array of the checkpoint could not be read (a truncated, deleted or corrupt file); names the array and
+    where it is stored."""
 
-    def __init__(self, info: OrbaxArray, store):
-        self.info, self.store = info, store
+
+@contextlib.contextmanager
+def reading(path: str, where: str):
+    """Turn TensorStore's (or the chunk decoder's) error while reading array `path` into a `CheckpointReadError`."""
+    try:
+        yield
+    except CheckpointReadError:
+        raise
+    except Exception as error:  # noqa: BLE001 - TensorStore raises ValueError/RuntimeError with a status text
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointReadError(f"cannot read array params/{path} ({where}): {detail}; the checkpoint is "
+                                  "truncated or damaged") from None
+
+
+class ArrayReader:
+    """One open Orbax array; `read(select, rows)` returns `array[select][rows]` as a NumPy array (stored dtype).
+    Read errors name the array (`CheckpointReadError`)."""
+
+    def __init__(self, info: OrbaxArray, store, where: str = "?"):
+        self.info, self.store, self.where = info, store, where
 
     def rows_per_chunk(self, select: tuple = ()) -> int:
         """How many leading rows of `array[select]` one storage chunk holds (0 for a 0-d selection).
@@ -164,10 +205,17 @@ class ArrayReader:
         storage cannot be streamed that way."""
         from .chunk_stream import streamed_rows
 
-        return streamed_rows(self.store, rows_per_slab)
+        with reading(self.info.path, self.where):
+            slabs = streamed_rows(self.store, rows_per_slab)
+        return None if slabs is None else self._guarded(slabs)
+
+    def _guarded(self, slabs):
+        with reading(self.info.path, self.where):
+            yield from slabs
 
     def read(self, select: tuple = (), rows: tuple[int, int] | None = None):
-        view = self.store[select] if select else self.store
-        if rows is not None:
-            view = view[rows[0]:rows[1]]
-        return view.read().result()
+        with reading(self.info.path, self.where):
+            view = self.store[select] if select else self.store
+            if rows is not None:
+                view = view[rows[0]:rows[1]]
+            return view.read().result()

@@ -25,11 +25,38 @@ __all__ = ["read_safetensors_header", "verify_conversion"]
 
 
 def read_safetensors_header(file: str) -> tuple[dict, int]:
-    """({key: {"dtype", "shape", "data_offsets"}}, byte offset where the data starts) of one safetensors file."""
+    """({key: {"dtype", "shape", "data_offsets"}}, byte offset where the data starts) of one safetensors file.
+
+    Raises:
+        ValueError: naming the file, when it is shorter than its header says, the header is not a JSON object of
+            entries with `dtype`, `shape` and `data_offsets`, or an entry's bytes lie beyond the end of the file.
+    """
+    size = os.path.getsize(file)
     with open(file, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise ValueError(f"{file} is truncated: {size} bytes, shorter than a safetensors header length")
+        (length,) = struct.unpack("<Q", prefix)
+        if 8 + length > size:
+            raise ValueError(f"{file} is truncated or not safetensors: its header claims {length} bytes, the file "
+                             f"holds {size}")
+        try:
+            header = json.loads(f.read(length))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ValueError(f"{file}: the safetensors header is not valid JSON ({error})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{file}: the safetensors header is not a JSON object")
     header.pop("__metadata__", None)
+    data_bytes = size - 8 - length
+    for key, entry in header.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if (not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str)
+                or not isinstance(entry.get("shape"), list) or not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) for o in offsets) or not 0 <= offsets[0] <= offsets[1]):
+            raise ValueError(f"{file}: header entry {key!r} is not {{dtype, shape, data_offsets}}: {entry!r}"[:300])
+        if offsets[1] > data_bytes:
+            raise ValueError(f"{file} is truncated: tensor {key} ends at byte {offsets[1]} of the data, which holds "
+                             f"{data_bytes}")
     return header, 8 + length
 
 
@@ -47,8 +74,13 @@ def verify_conversion(src, dst, allow_unused: bool = False, progress: bool = Fal
     config_file = os.path.join(os.fspath(dst), "config.json")
     if not os.path.isfile(config_file):
         return [f"{dst} has no config.json: not a converted folder"]
-    with open(config_file) as f:
-        raw = json.load(f)
+    try:
+        with open(config_file) as f:
+            raw = json.load(f)
+    except (ValueError, UnicodeDecodeError) as error:
+        return [f"{config_file} is not valid JSON ({error})"]
+    if not isinstance(raw, dict):
+        return [f"{config_file} must hold a JSON object"]
     text_only = raw.get("vision_config", {}) is None
     dtype = raw.get("dtype") or raw.get("text_config", {}).get("dtype") or "bfloat16"
     if dtype not in DTYPE_NAMES:
@@ -59,7 +91,17 @@ def verify_conversion(src, dst, allow_unused: bool = False, progress: bool = Fal
     return_large_buffers_to_the_os()
     checkpoint = OrbaxCheckpoint(src)
     plan, problems = match_checkpoint(checkpoint, planned, config, text_only, allow_unused, raise_on_problems=False)
-    shards = checkpoint_shards(os.fspath(dst)) or {}
+    single = os.path.join(os.fspath(dst), "model.safetensors")
+    index = os.path.join(os.fspath(dst), "model.safetensors.index.json")
+    if os.path.isfile(single) and not os.path.isfile(index):
+        try:
+            read_safetensors_header(single)  # named errors, before safetensors' own reader sees the file
+        except ValueError as error:
+            return problems + [str(error)]
+    try:
+        shards = checkpoint_shards(os.fspath(dst)) or {}
+    except Exception as error:  # noqa: BLE001 - a damaged index: say which file
+        return problems + [f"{index if os.path.isfile(index) else single}: cannot be read ({error})"]
     if not shards:
         return problems + [f"{dst} holds no model.safetensors or model.safetensors.index.json"]
     headers = {}
@@ -67,7 +109,10 @@ def verify_conversion(src, dst, allow_unused: bool = False, progress: bool = Fal
         if not os.path.isfile(file):
             problems.append(f"the index names {os.path.basename(file)}, which is not in {dst}")
             continue
-        headers[file] = read_safetensors_header(file)
+        try:
+            headers[file] = read_safetensors_header(file)
+        except ValueError as error:  # truncated, or a damaged header: its tensors cannot be checked
+            problems.append(str(error))
     expected = {t.key for t in planned}
     problems += [f"missing tensor {k}" for k in sorted(expected - set(shards))]
     problems += [f"unexpected tensor {k} (no rule writes it)" for k in sorted(set(shards) - expected)]

@@ -15,17 +15,22 @@ from .resolve import GenerationRun
 logger = logging.get_logger(__name__)
 
 
-def generate_mixed(model, run: GenerationRun, plan):
+def generate_mixed(model, run: GenerationRun, plan, batch_invariant: bool = False):
     """Mixed batching: each row commits as soon as its canvas converged and leaves the batch when it finished.
-    plan: the call's `engine.Plan` (`loop.plan_for`)."""
+    plan: the call's `engine.Plan` (`loop.plan_for`); batch_invariant: every row runs alone (`invariant.py`)."""
     config, stack = run.config, model.get_decoder()
     sc_logits = run.self_conditioning_logits
-    first_soft = (stack.soft_embedding(sc_logits, round_to=stack.embed_tokens.weight.dtype)
-                  if sc_logits is not None else None)
+    first_soft = None
+    if sc_logits is not None:
+        dtype = stack.embed_tokens.weight.dtype
+        # batch-invariant (invariant.py, place 4): the soft-embedding matmul row by row, as each row alone
+        first_soft = (torch.cat([stack.soft_embedding(sc_logits[b : b + 1], round_to=dtype)
+                                 for b in range(sc_logits.shape[0])])
+                      if batch_invariant else stack.soft_embedding(sc_logits, round_to=dtype))
     sequences, passes = run_mixed(
         model, plan, run.input_ids, run.attention_mask, run.generators, run.num_canvases, run.eos_ids,
         config.pad_token_id, run.max_batch_size or run.input_ids.shape[0], run.user_criteria,
-        run.decoder_input_ids, first_soft, run.images,
+        run.decoder_input_ids, first_soft, run.images, batch_invariant,
     )
     return generation_output(config, sequences, run.input_ids.shape[1], passes)
 
@@ -61,6 +66,7 @@ def generate_in_chunks(generate, model, run: GenerationRun):
             model, ids[a : a + chunk], None if mask is None else mask[a : a + chunk], generation_config=config,
             logits_processor=run.processors, stopping_criteria=run.user_criteria, sampling="fast",
             generator=run.generators[a : a + chunk], batching="lockstep", return_dict_in_generate=True,
+            constraint=run.constraint, tokenizer=run.tokenizer,
             **{k: v[a : a + chunk] for k, v in seeded.items() if v is not None}, **vision,
         ))
     width = max(o.sequences.shape[1] for o in outs)

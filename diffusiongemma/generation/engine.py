@@ -40,6 +40,8 @@ class Plan:
         processors: the user's logits processors (3-D scores), or None.
         soft_embed: hands the sampler the embedding of its probabilities for self-conditioning, or None: reference
             mode with non-fp32 embeddings, where the input must come from the logits (`soft_embedder`).
+        constraint: a `constraints.ConstraintGuide` (the argmax canvas becomes the best one the constraint
+            accepts), or None.
     """
 
     sampler: Sampler
@@ -48,6 +50,7 @@ class Plan:
     temperatures: torch.Tensor
     processors: LogitsProcessorList | None
     soft_embed: SoftEmbed | None
+    constraint: object | None = None
 
     @cached_property
     def processor_arguments(self) -> tuple:
@@ -70,6 +73,7 @@ class StepRows:
         generators: one `torch.Generator` per row for per-row samplers, else None.
         stop_state: the stopper's state of these rows (batch first), or None.
         logits: [B', L, V] fp32 the LM head's output, when the caller's pass ran it (the compiled pass), else None.
+        sampler_state: a stateful sampler's state of these rows (`Sampler.init_state`, batch first), or None.
     """
 
     hidden: torch.Tensor | None
@@ -81,6 +85,7 @@ class StepRows:
     generators: Sequence[torch.Generator] | None
     stop_state: torch.Tensor | None
     logits: torch.Tensor | None = None
+    sampler_state: torch.Tensor | None = None
 
 
 @dataclass
@@ -97,6 +102,7 @@ class StepResult:
     faults: torch.Tensor  # [B'] int8 (finite.py)
     temperature: torch.Tensor  # [B'] fp32
     logits: torch.Tensor | None = None  # [B', L, V] tempered, when asked for (traces, logits streamers)
+    sampler_state: torch.Tensor | None = None  # [B', ...] a stateful sampler's state for the next step
 
 
 def soft_embedder(stack, exact_reference: bool) -> SoftEmbed | None:
@@ -183,6 +189,9 @@ def denoise_rows(model, plan: Plan, rows: StepRows, keep_logits: bool = False) -
         logits, (processors_bad, empty) = apply_processors(plan, rows, logits)
     temperature = row_temperatures(plan, rows.steps_remaining)  # [B']
     logits = logits.div_(temperature[:, None, None])
+    path = None
+    if plan.constraint is not None:  # the constraint's best canvas (and, if it projects, its allowed tokens)
+        logits, path = plan.constraint.project(logits, rows.sequences, rows.row_ids, rows.position_offsets)
     # d-g. the sampler: argmax, entropy, sample, accept, re-noise, and (from its softmax) the self-conditioning input
     soft = None
     if plan.soft_embed is None:  # from the logits, before the sampler may overwrite them (no RNG involved)
@@ -190,11 +199,17 @@ def denoise_rows(model, plan: Plan, rows: StepRows, keep_logits: bool = False) -
     kept = logits.clone() if keep_logits else None
     step = [plan.max_steps - n for n in rows.steps_remaining]
     try:
-        out = plan.sampler.step(logits, rows.canvas, temperature, step, rows.generators, plan.soft_embed)
+        if rows.sampler_state is None:
+            out = plan.sampler.step(logits, rows.canvas, temperature, step, rows.generators, plan.soft_embed)
+        else:  # a stateful sampler (one with `init_state`) gets its state back
+            out = plan.sampler.step(logits, rows.canvas, temperature, step, rows.generators, plan.soft_embed,
+                                    state=rows.sampler_state)
     except RuntimeError:  # the reference multinomial refuses NaN: name the cause (an error path may read the host)
         empty = empty if empty is not None else torch.zeros_like(model_bad)
         raise_for_faults(fault_codes(model_bad, processors_bad, empty).tolist(), step[0] + 1, None, rows.row_ids)
         raise
+    if path is not None:  # what the stopper reads and the commit keeps: a canvas the constraint accepts
+        out = out._replace(argmax=path)
     if soft is None:
         soft = out.soft
     if soft is None:  # the sampler left the logits untouched and built no soft embedding: do it here (spec C.9)
@@ -206,4 +221,4 @@ def denoise_rows(model, plan: Plan, rows: StepRows, keep_logits: bool = False) -
     stop, stop_state = plan.stopper(out.argmax, out.entropy, rows.stop_state)
     return StepResult(canvas=out.canvas, argmax=out.argmax, accepted=out.accepted, entropy=out.entropy, soft=soft,
                       stop=stop, stop_state=stop_state, faults=fault_codes(model_bad, processors_bad, empty),
-                      temperature=temperature, logits=kept)
+                      temperature=temperature, logits=kept, sampler_state=out.state)

@@ -104,6 +104,7 @@ class StepOutput(NamedTuple):
 
     `soft` is the self-conditioning input built with the `soft_embed` the sampler was given, or None: the engine then
     builds it from the tempered logits (a sampler given a `soft_embed` that returns None must leave them untouched).
+    `state` is what a sampler with `init_state` needs at its next step (batch first), handed back as `state=`.
     """
 
     canvas: torch.Tensor  # [B', L] accepted samples + fresh noise: the next decoder input
@@ -111,6 +112,7 @@ class StepOutput(NamedTuple):
     accepted: torch.Tensor  # [B', L] bool, positions that kept their sample
     entropy: torch.Tensor  # [B', L] fp32 (stopping, traces)
     soft: torch.Tensor | None = None  # [B', L, H]
+    state: torch.Tensor | None = None  # [B', ...] the sampler's per-row state after this step (stateful samplers)
 
 
 SoftEmbed = Callable[[torch.Tensor], torch.Tensor]  # probs [..., V] fp32 -> soft embedding [..., H]

@@ -122,9 +122,9 @@ def row_generators(batch: int, device: torch.device, seed=None, generator=None) 
     elif seed is not None:
         seeds = [int(seed) + b for b in range(batch)]
     elif generator is not None:
-        seeds = torch.randint(0, 2**62, (batch,), generator=generator, device=generator.device).tolist()
+        seeds = torch.randint(0, 2**32, (batch,), generator=generator, device=generator.device).tolist()
     else:
-        seeds = torch.randint(0, 2**62, (batch,)).tolist()
+        seeds = torch.randint(0, 2**32, (batch,)).tolist()
     return [torch.Generator(device=device).manual_seed(s) for s in seeds]
 
 

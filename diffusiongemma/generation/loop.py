@@ -14,18 +14,23 @@ from functools import partial
 
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
+from transformers.utils import logging
 
+from ..constraints.guide import ConstraintGuide
 from ..modeling.compile import capacity_bucket, compiled_denoise_pass
 from ..modeling.masks import PaddingSlots
 from .batching import generate_in_chunks, generate_mixed
+from .invariant import invariant_batching
 from .finite import NonFiniteLogitsError, raise_for_faults
 from .outputs import DiffusionGemmaGenerationOutput, generation_output, tokens_per_forward
 from .resolve import GenerationRun, check_ar_sampling_kwargs, generated_length, resolve_batching, resolve_run
 from .engine import Plan, soft_embedder
-from .sampler import temperature_schedule
+from .sampler import init_sampler_state, temperature_schedule
 from .state import CanvasState
 from .step import StepSettings, denoise_step, row_index
 from .stopping import finalize_canvas, stopper_for
+
+logger = logging.get_logger(__name__)
 
 __all__ = [
     "DiffusionGemmaGenerationOutput", "check_ar_sampling_kwargs", "denoise_step", "generate", "generated_length",
@@ -41,6 +46,8 @@ def plan_for(model, run: GenerationRun) -> Plan:
         temperatures=temperature_schedule(config.max_denoising_steps, config.t_min, config.t_max,
                                           run.input_ids.device),
         processors=run.processors, soft_embed=soft_embedder(model.get_decoder(), exact_reference=not run.fast),
+        constraint=(ConstraintGuide(run.automaton, model.canvas_length, run.max_new_tokens)
+                    if run.automaton is not None else None),
     )
 
 
@@ -103,6 +110,7 @@ def new_canvas(model, run: GenerationRun, settings: StepSettings, sequences: tor
         finished_denoising=finished.clone() if run.fast else torch.zeros_like(finished), forward_passes=passes,
         steps_remaining=settings.max_steps, sequences=sequences, finished_sequences=finished,
         rows=live if run.fast else None, stop_state=settings.plan.stopper.init_state(B, L, device),
+        sampler_state=init_sampler_state(sampler, B, L, device),
         prompt_width=run.input_ids.shape[1],
     )
 
@@ -209,9 +217,12 @@ def generate(
     batching: str | None = None,
     max_batch_size: int | None = None,
     compile: bool | dict = False,
+    batch_invariant: bool = False,
     return_trace: bool = False,
     trace_top_k: int = 8,
     trace_sc_embedding: bool = False,
+    constraint=None,
+    tokenizer=None,
     **kwargs,
 ):
     """Generate whole canvases by block-autoregressive denoising.
@@ -247,12 +258,22 @@ def generate(
             canvases); encoder passes stay eager. The graphs are kept on the model for later calls; the first call
             pays the compilation. A dict passes `mode` ("reduce-overhead": CUDA graphs) or `backend`. Lock-step
             only: it selects lock-step batching when `batching` is unset.
+        batch_invariant: every row runs alone inside the row pool (its own forward and engine step, at the shapes
+            of its solo run), so a seeded row's logits and tokens are bit-identical to running it alone with
+            `batch_invariant=True`, whatever else shares the batch (prompt lengths, padding, `max_batch_size`).
+            Implies batching="mixed" (also for one row); refuses lock-step batching, `compile`, a streamer,
+            `past_key_values`, `return_trace`, samplers drawing from the global RNG, and image prompts in a batch
+            of several rows (the vision tower encodes them together). Costs throughput: see docs/generation.md.
         return_trace: also return `out.trace`, a `diffusiongemma.accuracy.Trace` of every canvas and step (input
             canvas, self-conditioning top-k, argmax, entropy, accepted mask, temperature, stop decision, committed
             tokens; see docs/trace-format.md). Lock-step batching only; implies a dict output. Off: no cost.
         trace_top_k: how many of the most likely tokens a trace keeps per position (default 8).
         trace_sc_embedding: the trace also keeps each step's exact self-conditioning input [B, L, H] (4*H bytes
             per position), so a replay needs no top-k approximation.
+        constraint: `diffusiongemma.Regex(pattern)` or `diffusiongemma.JsonSchema(schema)`: every committed canvas
+            is the most probable one the constraint accepts, so each answer matches it (docs/constraints.md). The
+            output's `truncated` [B] flags rows whose `max_new_tokens` ran out first (a warning names them).
+        tokenizer: the model's tokenizer, needed with `constraint` (the automaton is compiled over its tokens).
         **kwargs: generation config fields (max_new_tokens, max_denoising_steps, t_min, ...) override the config;
             `decoder_input_ids` [B, L] and `self_conditioning_logits` [B, L, V] seed the first canvas;
             `pixel_values`, `image_position_ids`, `mm_token_type_ids` (the Gemma 4 processor's output) or
@@ -264,11 +285,36 @@ def generate(
     compile_options = compile_options_of(compile, batching)
     if compile_options is not None and batching is None:
         batching = "lockstep"
+    batching = invariant_batching(batch_invariant, batching, compile_options, streamer, past_key_values,
+                                  return_trace)
     run = resolve_run(model, input_ids, attention_mask, generation_config, streamer, logits_processor,
                       stopping_criteria, past_key_values, sampling, seed, generator, batching, max_batch_size, kwargs,
-                      return_trace=return_trace, trace_top_k=trace_top_k, trace_sc_embedding=trace_sc_embedding)
+                      return_trace=return_trace, trace_top_k=trace_top_k, trace_sc_embedding=trace_sc_embedding,
+                      constraint=constraint, tokenizer=tokenizer)
     if run.batching == "chunks":
-        return generate_in_chunks(partial(generate, compile=compile), model, run)
-    if run.batching == "mixed":
-        return generate_mixed(model, run, plan_for(model, run))
-    return generate_lockstep(model, run, streamer, compile_options)
+        out = generate_in_chunks(partial(generate, compile=compile), model, run)
+    elif run.batching == "mixed":
+        if batch_invariant and run.images is not None and run.input_ids.shape[0] > 1:
+            raise ValueError("`batch_invariant=True` with image prompts needs one prompt per call: the vision tower "
+                             "encodes a batch's images together")
+        out = generate_mixed(model, run, plan_for(model, run), batch_invariant)
+    else:
+        out = generate_lockstep(model, run, streamer, compile_options)
+    return flag_truncated(out, run, model.canvas_length)
+
+
+def flag_truncated(out, run: GenerationRun, canvas_length: int):
+    """With a constraint: `out.truncated` [B], True where the answer is not complete; a warning names those rows."""
+    if run.automaton is None:
+        return out
+    sequences = out if isinstance(out, torch.Tensor) else out.sequences
+    guide = ConstraintGuide(run.automaton, canvas_length, run.max_new_tokens)
+    start = run.input_ids.shape[1]
+    truncated = ~guide.complete(sequences[:, start : start + run.max_new_tokens])  # [B] within the budget
+    rows = [b for b, t in enumerate(truncated.tolist()) if t]
+    if rows:
+        logger.warning(f"max_new_tokens ran out before the {run.automaton.description} answer was complete in rows "
+                       f"{rows}: their tokens are a valid prefix only (see `truncated`)")
+    if not isinstance(out, torch.Tensor):
+        out.truncated = truncated
+    return out

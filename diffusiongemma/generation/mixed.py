@@ -37,13 +37,13 @@ def user_criteria_policy(user_criteria, L: int):
 
 def run_mixed(model, plan: Plan, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, generators: list,
               num_canvases: int, eos_ids, pad_token_id, max_batch_size: int, user_criteria=None,
-              first_canvas=None, first_soft=None, images: PromptImages | None = None
+              first_canvas=None, first_soft=None, images: PromptImages | None = None, batch_invariant: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """input_ids [N, P] (left-padded, `attention_mask` [N, P]) -> (sequences [N, P + c*L] with each row's original
     prompt, its canvases and padding after it finished; denoising passes per row [N] int32).
 
     first_canvas: optional [N, L] ids seeding each row's first canvas; first_soft: optional [N, L, H]; images:
-    optional `PromptImages` of the padded batch.
+    optional `PromptImages` of the padded batch. batch_invariant: the pool runs every row alone (`invariant.py`).
 
     Raises:
         NonFiniteLogitsError: some row's logits held NaN/Inf (the first such row, by its place in the batch).
@@ -56,7 +56,7 @@ def run_mixed(model, plan: Plan, input_ids: torch.Tensor, attention_mask: torch.
     slots = min(max_batch_size, len(prompts))
     # room per row: its prompt and canvases, plus padding queries of a pass as long as the longest prompt
     pool = RowPool(model, slots, longest + num_canvases * L + max(longest, L), input_ids.device,
-                   stop_after_canvas=user_criteria_policy(user_criteria, L))
+                   stop_after_canvas=user_criteria_policy(user_criteria, L), batch_invariant=batch_invariant)
     waiting = [Row(
         index=i, prompt=p, plan=plan, generator=generators[i], num_canvases=num_canvases, eos_ids=eos_ids,
         pad_token_id=pad_token_id, first_canvas=first_canvas[i] if first_canvas is not None else None,

@@ -18,6 +18,8 @@ class DiffusionGemmaGenerationOutput(ModelOutput):
         tokens_per_forward: [B] float, new non-pad tokens per denoising pass of that row.
         past_key_values: the cache; holds the prompt and every canvas but the last (spec D.6). Lock-step only.
         trace: with `return_trace=True`, a `diffusiongemma.accuracy.Trace` of every canvas and step.
+        truncated: with a `constraint`, [B] bool: True where `max_new_tokens` ran out before the answer was complete
+            (the tokens then are a prefix of a valid answer, never presented as a whole one); None without one.
     """
 
     sequences: torch.LongTensor | None = None
@@ -27,6 +29,7 @@ class DiffusionGemmaGenerationOutput(ModelOutput):
     scores: torch.Tensor | None = None
     hidden_states: torch.Tensor | None = None
     trace: object | None = None
+    truncated: torch.Tensor | None = None
 
 
 def tokens_per_forward(new_tokens: torch.Tensor, passes: torch.Tensor, pad_id: int | None) -> torch.Tensor:

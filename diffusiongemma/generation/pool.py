@@ -9,7 +9,9 @@ finished leaves, and its slot takes the next admitted row. Mixed `generate` admi
 pool is empty; the server admits from its request queue between passes.
 
 Rows are independent sequences: a row's prompt has no padding, and it draws only from its own generator, in the
-order it draws when run alone (its tokens equal its solo run up to float rounding between batch shapes).
+order it draws when run alone. By default rows share one forward and one engine step, so its tokens equal its solo
+run only up to float rounding between batch shapes; with `batch_invariant` every row runs alone inside the pass and
+its logits and tokens are bit-identical to its solo run (`invariant.py`).
 
 Host syncs: the bookkeeping (phase, lengths, steps) stays on the host; a pass reads the device once: every
 denoising row's stop, EOS and fault flags in one `.tolist()` (plus the drafts some rows stream).
@@ -28,6 +30,8 @@ from ..modeling.host import device_tensor
 from ..modeling.vision import PromptImages, stack_rows
 from .engine import Plan, StepRows, denoise_rows
 from .finite import NonFiniteLogitsError, raise_for_faults
+from .sampler import init_sampler_state
+from .invariant import PerRowCaches
 from .stopping import pad_after_eos
 
 PREFILL, COMMIT, DENOISE = "prefill", "commit", "denoise"
@@ -58,6 +62,7 @@ class Row:
     passes: int = 0
     canvases: list = field(default_factory=list)  # committed [L] canvases
     stop_state: torch.Tensor | None = None  # [1, ...] the stopper's history
+    sampler_state: torch.Tensor | None = None  # [1, ...] a stateful sampler's state
 
     def __post_init__(self):
         if self.tokens is None:
@@ -72,7 +77,8 @@ class PassEvents:
     drafts: list = field(default_factory=list)  # (row, argmax [1, L] on the CPU) for rows with `draft`
     committed: list = field(default_factory=list)  # (row, canvas [L]) canvases that ended this pass
     finished: list = field(default_factory=list)  # rows that are done (already out of the pool)
-    faulted: list = field(default_factory=list)  # (row, NonFiniteLogitsError), out of the pool
+    faulted: list = field(default_factory=list)  # (row, error): NonFiniteLogitsError, or what its plan's step raised;
+    # out of the pool
 
 
 class RowPool:
@@ -82,13 +88,17 @@ class RowPool:
         model: the `DiffusionGemmaForBlockDiffusion`.
         stop_after_canvas: optional policy called with the rows whose canvas ended without finishing their sequence;
             returns one bool per row: stop this row now (user stopping criteria, a client that left).
+        batch_invariant: every row runs its own forward and its own engine step at the shapes of its solo run, so
+            its logits and tokens never depend on the other rows (`invariant.py` lists what this closes).
     """
 
     def __init__(self, model, slots: int, capacity: int, device: torch.device,
-                 stop_after_canvas: Callable[[list[Row]], list[bool]] | None = None):
+                 stop_after_canvas: Callable[[list[Row]], list[bool]] | None = None, batch_invariant: bool = False):
         self.model, self.L = model, model.canvas_length
         self.slots = slots
-        self.cache = RowCache(model.get_decoder().shapes, slots, capacity, device)
+        self.batch_invariant = batch_invariant
+        cache_class = PerRowCaches if batch_invariant else RowCache
+        self.cache = cache_class(model.get_decoder().shapes, slots, capacity, device)
         self.stop_after_canvas = stop_after_canvas
         self.active: list[Row] = []
         self.passes = 0
@@ -119,7 +129,15 @@ class RowPool:
     def step(self) -> PassEvents:
         """One shared forward over the pool, then every row's transition."""
         events = PassEvents()
-        denoising, hidden, encoding = forward_pool(self.model, self.active, self.cache, self.L)
+        if self.batch_invariant:  # one forward per row, over its own cache (invariant.py, place 1)
+            denoising, hidden, encoding = [], [], []
+            for i, r in enumerate(self.active):
+                d, h, e = forward_pool(self.model, [r], self.cache.row(i), self.L)
+                denoising += [i] * len(d)
+                hidden += [h] * len(d)  # [1, L, H] each
+                encoding += e
+        else:
+            denoising, hidden, encoding = forward_pool(self.model, self.active, self.cache, self.L)
         self.passes += 1
         if denoising:
             self._denoise([self.active[i] for i in denoising], hidden, events)
@@ -141,26 +159,39 @@ class RowPool:
         r.argmax = r.tokens
         r.phase, r.steps_remaining = DENOISE, plan.max_steps
         r.stop_state = plan.stopper.init_state(1, self.L, device)
+        r.sampler_state = init_sampler_state(plan.sampler, 1, self.L, device)
 
     def _denoise(self, rows: list[Row], hidden: torch.Tensor, events: PassEvents) -> None:
-        """The engine step for the denoising rows (hidden [d, L, H]), one call per plan, then one host read."""
+        """The engine step for the denoising rows (hidden [d, L, H], or d [1, L, H] in batch-invariant mode), one
+        call per plan (batch-invariant: per row, invariant.py place 2), then one host read."""
         groups: dict[int, list[int]] = {}
         for j, r in enumerate(rows):
-            groups.setdefault(id(r.plan), []).append(j)
+            groups.setdefault(id(r) if self.batch_invariant else id(r.plan), []).append(j)
         results = []
         for members in groups.values():
             group = [rows[j] for j in members]
-            index = device_tensor(members, torch.long, hidden.device) if len(members) < len(rows) else None
-            states = [r.stop_state for r in group]
-            out = denoise_rows(self.model, group[0].plan, StepRows(
-                hidden=hidden if index is None else hidden[index], canvas=torch.stack([r.tokens for r in group]),
-                sequences=[torch.cat([r.prompt, *r.canvases]) for r in group] if group[0].plan.processors else [],
-                row_ids=[r.index for r in group],
-                position_offsets=[len(r.prompt) + len(r.canvases) * self.L for r in group],
-                steps_remaining=[r.steps_remaining for r in group],
-                generators=[r.generator for r in group] if group[0].plan.sampler.per_row else None,
-                stop_state=torch.cat(states) if states[0] is not None else None,
-            ))
+            if self.batch_invariant:
+                picked = hidden[members[0]]
+            else:
+                index = device_tensor(members, torch.long, hidden.device) if len(members) < len(rows) else None
+                picked = hidden if index is None else hidden[index]
+            states, sampler_states = [r.stop_state for r in group], [r.sampler_state for r in group]
+            try:
+                out = denoise_rows(self.model, group[0].plan, StepRows(
+                    hidden=picked, canvas=torch.stack([r.tokens for r in group]),
+                    sequences=[torch.cat([r.prompt, *r.canvases]) for r in group]
+                    if group[0].plan.processors or group[0].plan.constraint is not None else [],
+                    row_ids=[r.index for r in group],
+                    position_offsets=[len(r.prompt) + len(r.canvases) * self.L for r in group],
+                    steps_remaining=[r.steps_remaining for r in group],
+                    generators=[r.generator for r in group] if group[0].plan.sampler.per_row else None,
+                    stop_state=torch.cat(states) if states[0] is not None else None,
+                    sampler_state=torch.cat(sampler_states) if sampler_states[0] is not None else None,
+                ))
+            except Exception as error:  # noqa: BLE001 - one plan's failure (its sampler, stopper, processors) fails
+                # only the rows of that plan; the others' step and state are untouched
+                events.faulted += [(r, error) for r in group]
+                continue
             results.append((group, out))
         flags = []
         for group, out in results:
@@ -168,7 +199,7 @@ class RowPool:
                                    else out.stop.new_zeros(()) for j, r in enumerate(group)])
             flags.append(torch.stack([out.stop.to(torch.int8), has_eos.to(torch.int8), out.faults]))  # [3, g]
         drafting = [(r, out.argmax[j]) for group, out in results for j, r in enumerate(group) if r.draft]
-        host = torch.cat(flags, dim=1).tolist()  # [3, d]: the one host read of this pass
+        host = torch.cat(flags, dim=1).tolist() if flags else [[], [], []]  # [3, d]: the one host read of this pass
         drafts = torch.stack([a for _, a in drafting]).cpu() if drafting else None  # [d', L]
         k = 0
         ending = []
@@ -183,6 +214,7 @@ class RowPool:
                     continue
                 r.tokens, r.argmax, r.soft = out.canvas[j], out.argmax[j], out.soft[j]
                 r.stop_state = out.stop_state[j : j + 1] if out.stop_state is not None else None
+                r.sampler_state = out.sampler_state[j : j + 1] if out.sampler_state is not None else None
                 r.passes += 1
                 r.steps_remaining -= 1
                 events.stepped.append(r)

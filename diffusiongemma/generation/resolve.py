@@ -13,6 +13,7 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 from transformers.utils import logging
 
+from ..constraints import TokenAutomaton, as_constraint, compile_constraint
 from ..modeling.cache import BlockDiffusionCache
 from ..modeling.validation import check_left_padding, check_token_ids, padding_vector
 from ..modeling.vision import (VISION_INPUTS, PromptImages, check_no_audio_or_video, prompt_images,
@@ -67,7 +68,8 @@ def resolve_batching(batching, max_batch_size, per_row: bool, batch: int, stream
         raise ValueError(f"`max_batch_size` must be a positive int, got {max_batch_size!r}")
     if not per_row:
         if batching == "mixed" or max_batch_size is not None:
-            raise ValueError("`batching='mixed'` and `max_batch_size` need sampling='fast' or another sampler that "
+            raise ValueError("`batching='mixed'` (also implied by `batch_invariant=True`) and `max_batch_size` need "
+                             "sampling='fast' or another sampler that "
                              "draws per row (this one draws from the global RNG in the built-in's order, over one "
                              "lock-step batch)")
         return "lockstep"
@@ -111,7 +113,9 @@ def resolve_trace(return_trace: bool, trace_top_k: int, batching: str, past_key_
     return trace_top_k
 
 
-SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes a 64-bit unsigned seed
+# torch.Generator.manual_seed takes 64 bits, but the CPU generator (mt19937) keeps only the low 32: seeds s and
+# s + 2**32 would give the same draws. One bound on every device keeps a seed meaning the same thing everywhere.
+SEED_MAX = 2**32 - 1
 
 
 def check_seed(seed, batch: int) -> None:
@@ -125,8 +129,8 @@ def check_seed(seed, batch: int) -> None:
             raise TypeError(f"`seed` must be an int or a list of ints, got {s!r} ({type(s).__name__})")
     top = max(seeds) + (batch - 1 if not isinstance(seed, (list, tuple)) else 0) if seeds else 0
     if seeds and (min(seeds) < 0 or top > SEED_MAX):
-        raise ValueError(f"`seed` must lie in [0, 2**64 - 1] (for every row: an int seed gives row b seed + b), got "
-                         f"{seed!r}")
+        raise ValueError(f"`seed` must lie in [0, 2**32 - 1] (the CPU generator keeps 32 bits; for every row: an "
+                         f"int seed gives row b seed + b), got {seed!r}")
 
 
 def check_token_range(config, vocab_size: int) -> None:
@@ -165,6 +169,10 @@ class GenerationRun:
     trace_sc_embedding: bool = False  # the trace also keeps the exact self-conditioning input [B, L, H] per step
     images: PromptImages | None = None  # the prompt's image soft tokens, encoded once (modeling/vision.py)
     position_offsets: tuple[int, ...] = ()  # [B] each row's prompt length without its padding
+    constraint: object = None  # the user's `Regex` / `JsonSchema`, or None
+    tokenizer: object = None  # the tokenizer it was compiled over
+    automaton: TokenAutomaton | None = None  # the compiled constraint (constraints/automaton.py)
+    max_new_tokens: int = 0  # the resolved budget (the output holds num_canvases whole canvases)
 
     @property
     def fast(self) -> bool:
@@ -174,8 +182,8 @@ class GenerationRun:
 
 def resolve_run(model, input_ids, attention_mask, generation_config, streamer, logits_processor, stopping_criteria,
                 past_key_values, sampling, seed, generator, batching, max_batch_size, kwargs: dict,
-                return_trace: bool = False, trace_top_k: int = 8, trace_sc_embedding: bool = False
-                ) -> GenerationRun:
+                return_trace: bool = False, trace_top_k: int = 8, trace_sc_embedding: bool = False,
+                constraint=None, tokenizer=None) -> GenerationRun:
     """Validate every argument of `generate` (see there) and resolve them into one `GenerationRun`."""
     text = model.config.text_config
     V, L = text.vocab_size, model.canvas_length
@@ -244,6 +252,7 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
     eos = config.eos_token_id
     eos_ids = torch.tensor(eos if isinstance(eos, (list, tuple)) else [eos], device=device) if eos is not None else None
     check_seed(seed, B)
+    automaton = resolve_constraint(as_constraint(constraint), tokenizer, config, V, eos)
     generators = row_generators(B, device, seed, generator) if fast else None
     images = prompt_images(model, input_ids, **{k: rest.get(k) for k in VISION_INPUTS})  # the one vision-tower run
     if images is None or images.features is None:
@@ -258,7 +267,21 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
         eos_ids=eos_ids, decoder_input_ids=decoder_input_ids, self_conditioning_logits=sc_logits,
         past_key_values=past_key_values, trace_top_k=trace_width, trace_sc_embedding=bool(trace_sc_embedding),
         images=images, position_offsets=tuple(prompt_lengths(attention_mask, B, cur_len)),
+        constraint=constraint if automaton is not None else None, tokenizer=tokenizer, automaton=automaton,
+        max_new_tokens=max_new_tokens,
     )
+
+
+def resolve_constraint(constraint, tokenizer, config, vocab_size: int, eos) -> TokenAutomaton | None:
+    """The compiled constraint (cached per constraint and tokenizer), or None without one."""
+    if constraint is None:
+        return None
+    pad = config.pad_token_id if config.pad_token_id is not None else getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        raise ValueError("`constraint` needs a `pad_token_id` (from the generation config or the tokenizer): after "
+                         "an answer ends, the rest of its canvas is padding")
+    eos_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []
+    return compile_constraint(constraint, tokenizer, vocab_size, eos_ids, pad)
 
 
 def prompt_lengths(attention_mask: torch.Tensor | None, batch: int, width: int) -> list[int]:

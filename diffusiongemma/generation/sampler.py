@@ -3,6 +3,9 @@
     entropy_bound.py     the math the entropy-bound samplers share (spec D.4c-g) and `StepOutput`
     reference_sampler.py draws like transformers' built-in `generate` (global RNG, same calls and order)
     fast_sampler.py      same distributions, one exp pass, one generator per row
+    block_refinement.py, confidence_threshold.py, discrete_ddim.py
+                         the commit-style samplers (diffusers' schedulers, mlx-vlm, Fast-dLLM); commit.py and
+                         draws.py hold what they share
     gumbel_sampler.py    reference mode with vLLM's Gumbel-max draw (a semantics switch)
     multinomial.py       reference mode's exact `torch.multinomial` (row blocks; cpu_rng's noise on CPU)
 
@@ -35,6 +38,10 @@ from .entropy_bound import (
     token_entropy,
 )
 from .fast_sampler import FastSampler, OnePass, inverse_cdf_sample, one_pass, row_generators, soft_group_rows
+from .block_refinement import BlockRefinementReferenceSampler, BlockRefinementSampler, BlockRefinementSamplerConfig
+from .confidence_threshold import (ConfidenceThresholdReferenceSampler, ConfidenceThresholdSampler,
+                                   ConfidenceThresholdSamplerConfig)
+from .discrete_ddim import DiscreteDDIMReferenceSampler, DiscreteDDIMSampler, DiscreteDDIMSamplerConfig
 from .gumbel_sampler import GumbelSampler
 from .multinomial import (
     NOISE_CHUNK,
@@ -51,7 +58,7 @@ __all__ = [
     "FastSampler", "GumbelSampler", "NOISE_CHUNK", "OnePass", "ReferenceSampler", "Sampler", "SamplerContext",
     "SoftEmbed", "StepOutput", "apply_temperature_", "block_maxima", "blocked_multinomial", "blocked_rows",
     "entropy_bound_accept", "exact_multinomial", "fast_multinomial", "fast_multinomial_is_exact", "first_argmax",
-    "inverse_cdf_sample", "multinomial_is_blockwise", "one_pass", "register_sampler", "renoise", "row_block",
+    "init_sampler_state", "inverse_cdf_sample", "multinomial_is_blockwise", "one_pass", "register_sampler", "renoise", "row_block",
     "row_generators", "sampler_class_for", "sampler_for", "sampler_names", "sampling_names", "soft_group_rows", "temperature_at", "temperature_schedule",
     "token_entropy",
 ]
@@ -93,8 +100,19 @@ class Sampler(Protocol):
             soft_embed: probs [..., V] -> self-conditioning input [..., H], when the sampler may build it from its
                 own softmax (saves a pass); None: return soft=None.
         Returns:
-            `StepOutput` (next canvas, argmax, accepted mask, entropy, optional soft embedding).
+            `StepOutput` (next canvas, argmax, accepted mask, entropy, optional soft embedding, optional state).
+
+        A sampler that carries per-row state from step to step (which positions are committed, say) defines
+        `init_state(batch, length, device) -> Tensor` (batch first); its `step` then also gets `state=` (the
+        previous step's `StepOutput.state`, or `init_state`'s at the start of a canvas) and returns the next one.
+        Without `init_state` a sampler is stateless and `step` gets no `state`.
         """
+
+
+def init_sampler_state(sampler, batch: int, length: int, device: torch.device) -> torch.Tensor | None:
+    """A stateful sampler's state at the start of a canvas (`Sampler.init_state`), or None for a stateless one."""
+    init = getattr(sampler, "init_state", None)
+    return init(batch, length, device) if init is not None else None
 
 
 _SAMPLERS: dict[type, dict[str, type]] = {}  # sampler-config class -> {sampling name: sampler class}
@@ -148,3 +166,11 @@ def sampler_for(sampler_config, sampling: str | None, context: SamplerContext) -
 register_sampler(EntropyBoundSamplerConfig, ReferenceSampler, "reference")
 register_sampler(EntropyBoundSamplerConfig, FastSampler, "fast")
 register_sampler(EntropyBoundSamplerConfig, GumbelSampler, "gumbel")
+# the commit-style samplers (diffusers' schedulers, mlx-vlm / Fast-dLLM): per-row generators by default; "reference"
+# draws from the global RNG over the batch in diffusers' order
+register_sampler(BlockRefinementSamplerConfig, BlockRefinementSampler, "fast")
+register_sampler(BlockRefinementSamplerConfig, BlockRefinementReferenceSampler, "reference")
+register_sampler(ConfidenceThresholdSamplerConfig, ConfidenceThresholdSampler, "fast")
+register_sampler(ConfidenceThresholdSamplerConfig, ConfidenceThresholdReferenceSampler, "reference")
+register_sampler(DiscreteDDIMSamplerConfig, DiscreteDDIMSampler, "fast")
+register_sampler(DiscreteDDIMSamplerConfig, DiscreteDDIMReferenceSampler, "reference")

@@ -30,6 +30,7 @@ class CanvasState:
             mode did not run); read by trace recording (`diffusiongemma.accuracy`).
         accepted: [B, L] bool, the positions the sampler kept in the latest step (False for rows it did not run).
         stop_state: the stopper's per-row state (batch first), or None.
+        sampler_state: a stateful sampler's per-row state (batch first, `Sampler.init_state`), or None.
         temperature: 0-d fp32, the latest step's temperature.
         prompt_width: P, the (padded) prompt's width in `sequences`.
     """
@@ -48,5 +49,6 @@ class CanvasState:
     entropy: torch.Tensor | None = None
     accepted: torch.Tensor | None = None
     stop_state: torch.Tensor | None = None
+    sampler_state: torch.Tensor | None = None
     temperature: torch.Tensor | None = None
     prompt_width: int = 0

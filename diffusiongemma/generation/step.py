@@ -81,6 +81,7 @@ def denoise_step(model, state: CanvasState, settings: StepSettings) -> CanvasSta
         steps_remaining=[state.steps_remaining] * len(rows),
         generators=[settings.generators[b] for b in rows] if settings.generators is not None else None,
         stop_state=pick(state.stop_state) if state.stop_state is not None else None,
+        sampler_state=pick(state.sampler_state) if state.sampler_state is not None else None,
     )
     out = denoise_rows(model, settings.plan, sampled, keep_logits=settings.keep_logits)  # b-i
     canvas, argmax, accepted, entropy, soft = out.canvas, out.argmax, out.accepted, out.entropy, out.soft
@@ -94,6 +95,8 @@ def denoise_step(model, state: CanvasState, settings: StepSettings) -> CanvasSta
         stop = torch.zeros(B, dtype=torch.bool, device=stop.device).index_copy(0, index, stop)
         if stop_state is not None:
             stop_state = state.stop_state.index_copy(0, index, stop_state)
+        if out.sampler_state is not None:
+            out.sampler_state = state.sampler_state.index_copy(0, index, out.sampler_state)
         if state.soft is not None:
             soft = state.soft.index_copy(0, index, soft.to(state.soft.dtype))
         else:
@@ -109,4 +112,5 @@ def denoise_step(model, state: CanvasState, settings: StepSettings) -> CanvasSta
     return replace(state, canvas=canvas, argmax_canvas=argmax, soft=soft, finished_denoising=done | stop,
                    forward_passes=passes, steps_remaining=state.steps_remaining - 1, draft_logits=out.logits,
                    faults=faults, entropy=entropy, accepted=accepted, stop_state=stop_state,
+                   sampler_state=out.sampler_state,
                    temperature=out.temperature[0])

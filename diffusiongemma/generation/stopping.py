@@ -26,7 +26,12 @@ class StableAndConfidentStopper:
     """Stop a row when its argmax canvas equals each of the previous S argmax canvases and its mean entropy is
     below the confidence threshold. With S >= 1 a canvas needs at least S + 1 steps (pitfall H.10).
 
-    State: [B, S, L] long, the last S argmax canvases (-1: nothing seen yet); None when S = 0.
+    The previous S canvases are all equal to the current one exactly when the run of identical argmax canvases
+    ending at this step is at least S + 1 long, so the state keeps only the previous canvas and that run's length,
+    whatever S is (the reference keeps S canvases: its memory grows with S).
+
+    State: [B, L + 1] long: columns :L the previous argmax canvas (-1: nothing seen yet), column L the length of the
+    run of equal canvases ending there; None when S = 0.
     """
 
     def __init__(self, stability_threshold: int, confidence_threshold: float):
@@ -36,7 +41,9 @@ class StableAndConfidentStopper:
     def init_state(self, batch: int, length: int, device: torch.device) -> torch.Tensor | None:
         if self.stability_threshold == 0:
             return None
-        return torch.full((batch, self.stability_threshold, length), -1, dtype=torch.long, device=device)
+        state = torch.full((batch, length + 1), -1, dtype=torch.long, device=device)
+        state[:, length] = 0
+        return state
 
     def __call__(self, argmax_canvas: torch.Tensor, entropy: torch.Tensor, state: torch.Tensor | None
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -45,8 +52,10 @@ class StableAndConfidentStopper:
         if state is None:
             stable = torch.ones(B, dtype=torch.bool, device=argmax_canvas.device)
         else:
-            stable = (state == argmax_canvas[:, None]).all(dim=-1).all(dim=-1)  # [B]
-            state = torch.cat([state[:, 1:], argmax_canvas[:, None]], dim=1)
+            same = (state[:, :-1] == argmax_canvas).all(dim=-1)  # [B]
+            run = torch.where(same, state[:, -1] + 1, 1)  # [B] equal canvases ending at this step
+            stable = run > self.stability_threshold  # the previous S all equal this one
+            state = torch.cat([argmax_canvas, run[:, None]], dim=1)
         confident = entropy.mean(dim=-1) < self.confidence_threshold
         return stable & confident, state
 

@@ -99,7 +99,22 @@ def prepare_from_pretrained_kwargs(cls, path, kwargs: dict) -> dict:
 
         import_bitsandbytes_quietly()
         log_cast_warning_once()
+    quantization = kwargs.get("quantization_config")
+    if type(quantization).__name__ == "BitsAndBytesConfig" and _runs_on_cpu(kwargs.get("device_map")):
+        from diffusiongemma.loading.bnb import keep_unpackable_layers
+
+        config = kwargs.get("config") or cls.config_class.from_pretrained(path)
+        kwargs["quantization_config"] = keep_unpackable_layers(cls, config, quantization)
     return kwargs
+
+
+def _runs_on_cpu(device_map) -> bool:
+    """Whether a bitsandbytes model loaded with this device map runs on the CPU (its 4-bit CPU kernels apply)."""
+    import torch
+
+    if device_map in ("cpu", torch.device("cpu")) or device_map == {"": "cpu"}:
+        return True
+    return device_map is None and not torch.cuda.is_available()
 
 
 def _uses_bitsandbytes(path, kwargs: dict) -> bool:

@@ -9,8 +9,9 @@ def loading_for_a_pipeline() -> bool:
     Why the stack and not a flag: `load_model` sets `_from_pipeline`, but through `AutoModelForCausalLM` it never
     reaches us (transformers 5.23: the Auto class loads the config first and `PreTrainedConfig.from_dict` drops the
     flag; `pipeline()` does not hand its config instance to `load_model`'s `from_pretrained`). The check only reads
-    the stack of the calling thread; it switches nothing and nothing else depends on it. `tests/test_pipeline.py`
-    fails if a transformers release renames `load_model`, and `_from_pipeline` is honoured when it does arrive."""
+    the stack of the calling thread; it switches nothing and nothing else depends on it.
+    `tests/quantization/test_auto_and_pipeline_quantized.py` fails if a transformers release renames `load_model`,
+    and `_from_pipeline` is honoured when it does arrive."""
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "load_model" and frame.f_globals.get("__name__") == "transformers.pipelines.base":

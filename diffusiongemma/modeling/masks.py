@@ -15,8 +15,11 @@ the host, [kv_start, S+L), and gives no mask where nothing is hidden, as the ref
 device-side S, the slots past the canvas and the cached slots a sliding layer dropped: the mask is [B, 1, L, C]
 whatever S is, so the pass keeps its shapes from step to step and canvas to canvas.
 
+Training on several canvases at once (BD3-LM's vectorized form): `build_canvas_training_masks` lets K noisy canvases
+share one denoising pass over a cache holding the clean prompt and canvases; each sees its clean prefix and itself.
+
 Legend: B batch, Q queries in this pass, KV keys attended, S committed (cached) length, W sliding window,
-L canvas length, C cache capacity (slots).
+L canvas length, C cache capacity (slots), P prompt slots, K canvases of a training pass.
 """
 
 from bisect import bisect_left
@@ -373,4 +376,70 @@ def build_row_masks(
             return visible & (encoder | ~encoder_rows[b])
 
         out[layer_type] = LayerMask(kv0, kv1, materialize(mod, len(starts), num_q, kv1 - kv0, device, backend))
+    return out
+
+
+def noisy_canvas_view(shape: LayerShape, prompt: int, canvas_length: int, cached: int, window: str) -> MaskMod:
+    """What a noisy canvas may see in a multi-canvas training pass (kv_slot0 = 0, keys = cache slots then queries).
+
+    Queries are K noisy canvases laid end to end (query q belongs to canvas k = q // L, at position P + q); keys are the
+    S cached clean slots [0, S) followed by the K*L noisy tokens. Canvas k sees the clean slots before its own first
+    position P + kL (sliding layers: only the last W-1 of them, spec C.10) and every noisy token of canvas k, nothing
+    of the other noisy canvases: exactly what a denoising pass over canvas k alone, after encoding its clean prefix,
+    sees. window="symmetric" also requires |q - k| <= W-1 on sliding layers, as `build_decoder_masks`.
+    """
+    W, L = shape.sliding_window, canvas_length
+
+    def mod(b, h, q, kv):
+        canvas = q // L
+        start = prompt + canvas * L  # slot (and position) of the canvas's first token
+        clean = kv < cached
+        prefix = clean & (kv < start)
+        if shape.is_sliding:
+            prefix = prefix & (kv > start - W)  # kv >= start - (W-1)
+        visible = prefix | (~clean & ((kv - cached) // L == canvas))
+        if window == "symmetric" and shape.is_sliding:
+            key_position = torch.where(clean, kv, kv - cached + prompt)
+            visible = visible & ((q + prompt) - key_position).abs().le(W - 1)
+        return visible
+
+    return mod
+
+
+def build_canvas_training_masks(
+    shapes: dict[str, LayerShape],
+    prompt: int,
+    canvas_length: int,
+    canvases: int,
+    cached: int,
+    keep: torch.Tensor | None,
+    batch: int,
+    device: torch.device,
+    backend: str = "sdpa",
+    window: str = "reference",
+) -> dict[str, LayerMask]:
+    """Masks for one denoising pass over K noisy canvases against a cache of their clean prompt and canvases.
+
+    Args:
+        prompt: P, the slots of the (left-padded) prompt; clean canvas k sits at slots [P + kL, P + (k+1)L).
+        canvases: K; the pass has K*L queries at positions P .. P + KL - 1.
+        cached: S, the clean slots in the cache (at least P + (K-1)L: canvas K-1's prefix).
+        keep: [B, >= P] bool padding vector (False: padding, hidden from every query); slots past it are real.
+    Returns:
+        per layer type, `LayerMask(0, S + KL, mask)`: bool [B, 1, KL, S + KL] for sdpa/eager, a `BlockMask` for flex.
+    """
+    if window not in DECODER_WINDOWS:
+        raise ValueError(f"decoder window must be one of {DECODER_WINDOWS}, got {window!r}")
+    if cached < prompt + (canvases - 1) * canvas_length:
+        raise ValueError(f"the cache holds {cached} slots, fewer than the prefix of the last canvas "
+                         f"({prompt} + {canvases - 1} x {canvas_length})")
+    num_q = canvases * canvas_length
+    num_kv = cached + num_q
+    padded = fit_keep(keep, num_kv) if keep is not None else None  # [B, S + KL]
+    out = {}
+    for layer_type, shape in shapes.items():
+        mods = [noisy_canvas_view(shape, prompt, canvas_length, cached, window)]
+        if padded is not None:
+            mods.append(key_padding(padded, 0))
+        out[layer_type] = LayerMask(0, num_kv, materialize(and_masks(*mods), batch, num_q, num_kv, device, backend))
     return out

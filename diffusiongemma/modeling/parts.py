@@ -15,6 +15,7 @@ from .blocks import RMSNorm
 from .cache import BlockDiffusionCache
 from .config import DiffusionGemmaConfig
 from .stack import DiffusionGemmaTextStack
+from .vision_linear import make_vision_linears_adaptable
 
 
 @dataclass
@@ -76,6 +77,7 @@ class DiffusionGemmaEncoderParts(nn.Module):
             self.vision_tower = self.embed_vision = None
             return
         self.vision_tower = AutoModel.from_config(config.vision_config)
+        make_vision_linears_adaptable(self.vision_tower)  # PEFT's LoRA takes them (modeling/vision_linear.py)
         vision_hidden = getattr(config.vision_config, "output_proj_dims", config.vision_config.hidden_size)
         self.embed_vision = MultimodalEmbedder(
             vision_hidden, config.text_config.hidden_size, config.vision_config.rms_norm_eps

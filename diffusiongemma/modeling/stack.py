@@ -158,6 +158,7 @@ class DiffusionGemmaTextStack(nn.Module):
         positions: torch.Tensor | None = None,
         backend: str = "sdpa",
         collect: list | None = None,
+        masks: dict | None = None,
     ) -> torch.Tensor:
         """Decoder mode: canvas ids [B, L] at slots [S, S+L), bidirectional, reads the cache without committing.
 
@@ -168,6 +169,9 @@ class DiffusionGemmaTextStack(nn.Module):
             keep: [B, >= S] bool padding vector over the cached slots; None for no padding. Exact path: where it has
                 padding is read to the host once per vector and remembered on the cache (`PaddingSlots`), so the
                 passes of a generate call after the first make no host sync. Static path: always a mask, no read.
+            masks: finished masks per layer type for an exact-path pass, instead of the ones built here (training's
+                multi-canvas pass, `masks.build_canvas_training_masks`, where `canvas` holds K canvases end to end
+                and `positions` must be given); `keep` is then unused.
         Returns:
             post-norm hidden states [B, L, H].
         """
@@ -176,7 +180,10 @@ class DiffusionGemmaTextStack(nn.Module):
         if positions is None:
             positions = (S + torch.arange(L, device=canvas.device))[None]  # [1, L]
         x = self.self_conditioning(self.embed_tokens(canvas), soft_embeddings)  # [B, L, H]
-        if isinstance(cache, StaticCacheView):
+        if masks is not None:
+            if isinstance(cache, StaticCacheView):
+                raise ValueError("explicit `masks` are for the exact path (a BlockDiffusionCache), not a static view")
+        elif isinstance(cache, StaticCacheView):
             masks = build_static_decoder_masks(self.type_shapes, S, L, cache.capacity, keep, B, canvas.device, backend,
                                                self.decoder_window)  # [B, 1, L, C] per layer type
         else:

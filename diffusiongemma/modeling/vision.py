@@ -142,6 +142,7 @@ def prompt_images(model, input_ids: torch.Tensor, pixel_values=None, image_posit
                 raise ValueError(
                     f"`pixel_values` must be [images, patches, 3*patch*patch] and `image_position_ids` [images, "
                     f"patches, 2]; got {list(pixel_values.shape)} and {list(image_position_ids.shape)}")
+            check_patch_inputs(config.vision_config, pixel_values, image_position_ids)
             precomputed = project_images(model.model.encoder, pixel_values, image_position_ids)
         features = precomputed.pooler_output  # [K, H]
         n_tokens, n_features = int(placeholders.sum()), features.shape[0]
@@ -160,9 +161,52 @@ def prompt_images(model, input_ids: torch.Tensor, pixel_values=None, image_posit
         if tuple(mm_token_type_ids.shape) != tuple(input_ids.shape):
             raise ValueError(f"`mm_token_type_ids` must have the shape of `input_ids` {list(input_ids.shape)}, got "
                              f"{list(mm_token_type_ids.shape)}")
+        check_token_types(mm_token_type_ids, placeholders, features is not None, config.image_token_id)
         if getattr(config.get_text_config(), "use_bidirectional_attention", None) == "vision":
             groups = vision_groups(mm_token_type_ids.to(input_ids.device))
     return PromptImages(features, placeholders, groups)
+
+
+def check_patch_inputs(vision_config, pixel_values: torch.Tensor, image_position_ids: torch.Tensor) -> None:
+    """pixel_values [I, M, 3*p*p] floats; image_position_ids [I, M, 2] integers, each patch (x, y) in
+    [0, position_embedding_size) or (-1, -1) for padding (the tower's position table would otherwise index out of
+    range or silently clamp)."""
+    patch = getattr(vision_config, "patch_size", None)
+    if not pixel_values.dtype.is_floating_point:
+        raise ValueError(f"`pixel_values` must be floats (the image processor's output), got {pixel_values.dtype}")
+    if patch is not None and pixel_values.shape[-1] != 3 * patch * patch:
+        raise ValueError(f"`pixel_values` must have 3*patch_size*patch_size = {3 * patch * patch} values per patch "
+                         f"(patch_size {patch}), got {pixel_values.shape[-1]}")
+    if image_position_ids.dtype.is_floating_point or image_position_ids.dtype == torch.bool:
+        raise ValueError(f"`image_position_ids` must be integers (patch x, y), got {image_position_ids.dtype}")
+    size = getattr(vision_config, "position_embedding_size", None)
+    padding = (image_position_ids == -1).all(dim=-1)  # [I, M]
+    inside = (image_position_ids >= 0).all(dim=-1)
+    if size is not None:
+        inside = inside & (image_position_ids < size).all(dim=-1)
+    if not bool((padding | inside).all()):
+        bad = image_position_ids[~(padding | inside)][0].tolist()
+        raise ValueError(f"`image_position_ids` must hold patch positions in [0, {size}) or (-1, -1) for padding, "
+                         f"got {bad}")
+
+
+def check_token_types(mm_token_type_ids: torch.Tensor, placeholders: torch.Tensor, has_images: bool,
+                      image_token_id: int) -> None:
+    """mm_token_type_ids [B, P]: 0 text, 1 image, marking exactly the image placeholders of images that were given
+    (1s elsewhere would turn text into a bidirectional image block; 2, video, is not served)."""
+    if mm_token_type_ids.dtype.is_floating_point:
+        raise ValueError(f"`mm_token_type_ids` must be integers (0 text, 1 image), got {mm_token_type_ids.dtype}")
+    values = sorted(set(torch.unique(mm_token_type_ids).tolist()) - {0, 1})
+    if values:
+        raise ValueError(f"`mm_token_type_ids` may hold 0 (text) and 1 (image) only, got {values} (videos and audio "
+                         "are not served)")
+    marked = mm_token_type_ids == 1
+    if bool(marked.any()) and not has_images:
+        raise ValueError("`mm_token_type_ids` marks image tokens, but no images were given (`pixel_values` or "
+                         "`mm_encoder_outputs`): pass the processor's whole output, or drop `mm_token_type_ids`")
+    if has_images and not torch.equal(marked, placeholders.to(marked.device)):
+        raise ValueError(f"`mm_token_type_ids` must be 1 exactly at the image placeholder tokens (id "
+                         f"{image_token_id}) of `input_ids`, as the processor builds it")
 
 
 def warn_if_images_missing(config, input_ids: torch.Tensor) -> None:

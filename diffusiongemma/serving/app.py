@@ -27,6 +27,7 @@ class ServeOptions:
     max_queue: int = 64
     max_model_len: int = 4096
     chat_template_kwargs: dict | None = None
+    batch_invariant: bool = False  # every row alone in each pass (generation/invariant.py)
 
 
 @dataclass
@@ -59,7 +60,7 @@ def build_app(options: ServeOptions) -> ServedApp:
     manager = DiffusionModelManager(device=options.device, dtype=options.dtype, quantization=options.quantization,
                                     force_model=options.model, tokenizer=options.tokenizer)
     state = DiffusionGenerationState(max_batch_size=options.max_batch_size, max_queue=options.max_queue,
-                                     max_model_len=options.max_model_len)
+                                     max_model_len=options.max_model_len, batch_invariant=options.batch_invariant)
     chat = DiffusionChatHandler(manager, state, chat_template_kwargs=options.chat_template_kwargs or {})
     completion = DiffusionCompletionHandler(manager, state)
     app = build_server(manager, chat, completion_handler=completion, response_handler=NotServed("/v1/responses"),

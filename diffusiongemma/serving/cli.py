@@ -4,10 +4,12 @@ client that shows the denoising drafts live)."""
 import json
 import os
 import sys
+import threading
 
-from ..cli_types import positive_int
+from ..cli_types import port_arg, positive_int, seed_arg, steps_arg
 
 SERVE_EXTRA = 'the serving dependencies are missing: pip install "diffusiongemma[serve]"'
+SHUTDOWN_GRACE_S = 5  # Ctrl-C: seconds a request in flight may still finish before it is cancelled
 
 
 def add_serve_commands(subparsers) -> None:
@@ -20,7 +22,7 @@ def add_serve_commands(subparsers) -> None:
     p.add_argument("--model", required=True, help="checkpoint folder or Hub id (bf16, FP8, NVFP4 or bitsandbytes)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or Hub id, if --model has none")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
+    p.add_argument("--port", type=port_arg, default=8000, help="listen port, 0-65535 (default 8000; 0: any free port)")
     p.add_argument("--device", default="auto", help="torch device; auto: cuda if available, else cpu")
     p.add_argument("--dtype", default="auto", help="auto (the checkpoint's), bfloat16, float16 or float32")
     p.add_argument("--quantization", choices=["bnb-4bit", "bnb-8bit"], default=None,
@@ -30,6 +32,10 @@ def add_serve_commands(subparsers) -> None:
                    help="requests waiting for a row before the server answers 429 (default 64)")
     p.add_argument("--max-model-len", type=positive_int, default=4096,
                    help="most tokens per request, prompt + whole canvases (default 4096); sizes the KV cache")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="every request runs alone inside each pass, so a seeded request's tokens are bit-identical "
+                   "to model.generate(prompt, seed=seed, batch_invariant=True) whatever else is served (slower; "
+                   "docs/serving.md)")
     p.add_argument("--chat-template-kwargs", default=None, help="JSON object passed to apply_chat_template")
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     p.set_defaults(func=run_serve)
@@ -42,8 +48,8 @@ def add_serve_commands(subparsers) -> None:
     c.add_argument("--url", default="http://127.0.0.1:8000", help="server address (default http://127.0.0.1:8000)")
     c.add_argument("--prompt", default=None, help="send one message and exit (default: read messages from stdin)")
     c.add_argument("--max-tokens", type=positive_int, default=256, help="max_tokens per reply (default 256)")
-    c.add_argument("--seed", type=int, default=None, help="seed of every reply (default: random)")
-    c.add_argument("--steps", type=positive_int, default=None, help="max_denoising_steps (default: the server's)")
+    c.add_argument("--seed", type=seed_arg, default=None, help="seed of every reply (default: random)")
+    c.add_argument("--steps", type=steps_arg, default=None, help="max_denoising_steps (default: the server's)")
     c.add_argument("--no-drafts", action="store_true", help="show committed text only")
     c.add_argument("--no-color", action="store_true", help="no ANSI codes even on a terminal (also: NO_COLOR=1)")
     c.set_defaults(func=run_chat)
@@ -55,6 +61,52 @@ def resolved_device(name: str) -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
 
 
+def check_serve_sources(model: str, tokenizer: str | None) -> None:
+    """Before loading: a local --model folder must exist and be a DiffusionGemma checkpoint, and some tokenizer must
+    exist (a model folder without tokenizer files would get transformers' default tokenizer for the model type, whose
+    ids mean nothing to this checkpoint).
+
+    Raises:
+        FileNotFoundError / ValueError: naming the option and the path.
+    """
+    from ..io.tokenizer_files import TOKENIZER_FILES, folder_has_tokenizer
+    from ..modeling.config import check_model_folder, looks_local
+
+    try:
+        check_model_folder(model)
+    except (FileNotFoundError, ValueError) as error:
+        raise type(error)(f"--model {model}: {error}") from None
+    if tokenizer is None:
+        if os.path.isdir(model) and not folder_has_tokenizer(model):
+            raise FileNotFoundError(f"--model {model} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): "
+                                    "pass --tokenizer FOLDER_OR_HUB_ID")
+    elif os.path.isdir(tokenizer):
+        if not folder_has_tokenizer(tokenizer):
+            raise FileNotFoundError(f"--tokenizer {tokenizer} holds none of {', '.join(TOKENIZER_FILES)}")
+    elif os.path.exists(tokenizer) or looks_local(tokenizer):
+        raise FileNotFoundError(f"--tokenizer {tokenizer}: no such folder")
+
+
+def stopping_server_class():
+    import uvicorn
+
+    class StoppingServer(uvicorn.Server):
+        """uvicorn's server that, on the first Ctrl-C (or SIGTERM), also stops the scheduler: requests in flight end
+        at the next step boundary with an error event ("the server is shutting down") instead of holding uvicorn's
+        graceful shutdown until they finish."""
+
+        def __init__(self, served, config):
+            super().__init__(config)
+            self.served = served
+
+        def handle_exit(self, sig, frame) -> None:
+            if not self.should_exit:  # the signal handler runs on the event loop: join the scheduler elsewhere
+                threading.Thread(target=self.served.state.shutdown, name="diffusiongemma-stop", daemon=True).start()
+            super().handle_exit(sig, frame)
+
+    return StoppingServer
+
+
 def run_serve(args) -> int:
     try:
         import uvicorn
@@ -63,20 +115,39 @@ def run_serve(args) -> int:
     except ImportError as error:
         print(f"error: {SERVE_EXTRA} ({error})", file=sys.stderr)
         return 2
-    kwargs = json.loads(args.chat_template_kwargs) if args.chat_template_kwargs else None
+    StoppingServer = stopping_server_class()
+    try:
+        kwargs = json.loads(args.chat_template_kwargs) if args.chat_template_kwargs else None
+    except ValueError as error:
+        print(f"error: --chat-template-kwargs is not valid JSON ({error})", file=sys.stderr)
+        return 2
     if kwargs is not None and not isinstance(kwargs, dict):
         print("error: --chat-template-kwargs must be a JSON object", file=sys.stderr)
+        return 2
+    try:
+        check_serve_sources(args.model, args.tokenizer)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     served = build_app(ServeOptions(
         model=args.model, tokenizer=args.tokenizer, device=resolved_device(args.device), dtype=args.dtype,
         quantization=args.quantization, max_batch_size=args.max_batch_size, max_queue=args.max_queue,
-        max_model_len=args.max_model_len, chat_template_kwargs=kwargs,
+        max_model_len=args.max_model_len, chat_template_kwargs=kwargs, batch_invariant=args.batch_invariant,
     ))
-    print(f"serving {args.model} on http://{args.host}:{args.port}/v1 (model id: {args.model})", file=sys.stderr)
+    server = StoppingServer(served, uvicorn.Config(served.app, host=args.host, port=args.port,
+                                                   log_level=args.log_level,
+                                                   timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+    print(f"serving {args.model} on http://{args.host}:{args.port}/v1 (model id: {args.model}); Ctrl-C stops it",
+          file=sys.stderr)
     try:
-        uvicorn.run(served.app, host=args.host, port=args.port, log_level=args.log_level)
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled once it has shut down
+        print("stopped (interrupted)", file=sys.stderr)
+        return 130
     finally:
         served.state.shutdown()
+    if not server.started:
+        return 1  # uvicorn logged why (the port is taken, ...)
     return 0
 
 
@@ -88,20 +159,42 @@ def run_chat(args) -> int:
         return 2
     from .chat import DraftView, stream_reply
 
-    client = openai.OpenAI(base_url=args.url.rstrip("/") + "/v1", api_key="unused")
-    model = client.models.list().data[0].id
-    ansi = not args.no_color and not os.environ.get("NO_COLOR") and sys.stdout.isatty()
-    messages = []
-    lines = [args.prompt] if args.prompt is not None else _typed_lines(sys.stdin)
-    for line in lines:
-        if not line.strip():
-            continue
-        messages.append({"role": "user", "content": line.strip()})
-        view = DraftView(sys.stdout, sys.stderr, ansi=ansi, drafts=not args.no_drafts)
-        reply = stream_reply(client, model, messages, view, max_tokens=args.max_tokens, seed=args.seed,
-                             steps=args.steps)
-        messages.append({"role": "assistant", "content": reply})
+    url = args.url.rstrip("/")
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    try:
+        model = client.models.list().data[0].id
+        ansi = not args.no_color and not os.environ.get("NO_COLOR") and sys.stdout.isatty()
+        messages = []
+        lines = [args.prompt] if args.prompt is not None else _typed_lines(sys.stdin)
+        for line in lines:
+            if not line.strip():
+                continue
+            messages.append({"role": "user", "content": line.strip()})
+            view = DraftView(sys.stdout, sys.stderr, ansi=ansi, drafts=not args.no_drafts)
+            reply = stream_reply(client, model, messages, view, max_tokens=args.max_tokens, seed=args.seed,
+                                 steps=args.steps)
+            messages.append({"role": "assistant", "content": reply})
+    except openai.APIConnectionError as error:
+        print(f"error: cannot reach the server at {url} ({error.__cause__ or error}); is `diffusiongemma serve` "
+              "running there?", file=sys.stderr)
+        return 1
+    except openai.APIStatusError as error:
+        print(f"error: the server at {url} answered {error.status_code}: {server_message(error)}", file=sys.stderr)
+        return 1
+    except openai.APIError as error:  # e.g. an error event inside a stream
+        print(f"error: the server at {url} reported: {error.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("", file=sys.stderr)
+        return 130
     return 0
+
+
+def server_message(error) -> str:
+    """The server's own message of an `openai.APIStatusError` (OpenAI format, or transformers serve's `detail`)."""
+    body = error.body if isinstance(error.body, dict) else {}
+    inner = body.get("error") if isinstance(body.get("error"), dict) else body
+    return str(inner.get("message") or body.get("detail") or error.message)
 
 
 def _typed_lines(stream):

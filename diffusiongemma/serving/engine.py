@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 from transformers.cli.serving.model_manager import ModelManager
 from transformers.cli.serving.utils import BaseGenerateManager, GenerationState, Modality, _StreamError
 
+from .constraint_fields import compiled_constraint
 from .scheduler import Job, ServingScheduler
 from .settings import RequestSettings, check_length
 from .streamer import DraftText, RowStreamer
@@ -67,7 +68,8 @@ class DiffusionModelManager(ModelManager):
 class DiffusionGenerateManager(BaseGenerateManager):
     """Generation for one model: every request becomes a row of the shared `ServingScheduler`.
 
-    Args: scheduler_options: `ServingScheduler` keyword arguments (max_batch_size, max_queue, max_model_len).
+    Args: scheduler_options: `ServingScheduler` keyword arguments (max_batch_size, max_queue, max_model_len,
+    batch_invariant).
     """
 
     def __init__(self, **scheduler_options):
@@ -80,10 +82,13 @@ class DiffusionGenerateManager(BaseGenerateManager):
         if self.scheduler is None:
             self.scheduler = ServingScheduler(model, **self.options)
         prompt = inputs["input_ids"][0]  # [P]
-        check_length(settings, len(prompt), model.canvas_length, self.scheduler.max_model_len)  # else 400
+        check_length(settings, len(prompt), model.canvas_length, self.scheduler.max_model_len,  # else 400
+                     self.scheduler.requested_max_model_len)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         tokenizer = getattr(processor, "tokenizer", processor)
+        settings.automaton = compiled_constraint(settings, tokenizer, self.scheduler.V)  # else 400
+        settings.tokenizer = tokenizer
         streamer = RowStreamer(tokenizer, loop, queue, settings, response_parser=response_parser)
         self.scheduler.submit(Job(prompt, settings, streamer))  # QueueFull: 429 (handlers.add_error_handlers)
         return queue, streamer

@@ -1,6 +1,9 @@
 """transformers serve's chat and legacy-completion handlers, taught block diffusion through their overridable parts:
 
 - `_valid_params_class`: the extra body fields (`max_denoising_steps`, ..., `stream_drafts`) are accepted;
+- `_resolve_model`: the id transformers serve puts in its responses (`ID@main`) names the served model too;
+- `_validate_request`: also refuses fields this server cannot honour and malformed `messages`/`prompt`/`stream`
+  (`request_checks.py`: 400 naming the field);
 - `_build_generation_config`: builds and validates our `RequestSettings` (400 naming the bad field);
 - `_build_chunk_sse`: a `DraftText` queue item becomes a chunk with an empty delta and the extra `draft` field;
 - `_non_streaming`: the JSON response waits in a response object that also watches for the client leaving, so a
@@ -17,11 +20,14 @@ from typing_extensions import TypedDict  # the base classes are typing_extension
 from fastapi import HTTPException
 from fastapi.responses import Response
 from transformers.cli.serving.chat_completion import (
+    UNUSED_CHAT_COMPLETION_FIELDS,
     ChatCompletionHandler,
     TransformersCompletionCreateParamsStreaming,
 )
 from transformers.cli.serving.completion import CompletionHandler, TransformersTextCompletionCreateParams
 
+from .request_checks import check_chat_body, check_completion_body
+from .constraint_fields import request_constraint
 from .scheduler import QueueFull
 from .settings import BadRequestField, request_settings
 from .streamer import DraftText
@@ -38,6 +44,17 @@ class DiffusionSettingFields(TypedDict, total=False):
     confidence_threshold: float
     sampling: str
     stream_drafts: bool
+    # `sampler` and the built-in samplers' settings (sampler_request.py; tests check this list is complete)
+    sampler: str
+    threshold: float
+    editing_threshold: float
+    greedy: bool
+    factor: float
+    corrector_steps: int
+    corrector_k: int
+    corrector_selection: str
+    corrector_selection_tau: float
+    regex: str  # the answer fully matches it (constraint_fields.py)
 
 
 class DiffusionFields(TransformersCompletionCreateParamsStreaming, DiffusionSettingFields, total=False):
@@ -45,7 +62,9 @@ class DiffusionFields(TransformersCompletionCreateParamsStreaming, DiffusionSett
 
 
 class DiffusionTextFields(TransformersTextCompletionCreateParams, DiffusionSettingFields, total=False):
-    """Legacy completion request fields plus the diffusion settings."""
+    """Legacy completion request fields plus the diffusion settings (and `response_format`, as for chat)."""
+
+    response_format: dict
 
 
 def draft_field(draft: DraftText) -> dict:
@@ -89,8 +108,23 @@ class DisconnectAwareResponse(Response):
 class DiffusionHandlerMixin:
     """The parts both handlers override (see the module docstring)."""
 
+    check_body = None  # the body's shape check of the endpoint (`request_checks.py`)
+
+    def _validate_request(self, body: dict) -> None:
+        super()._validate_request(body)  # unknown fields: 422
+        self.check_body(body)  # unsupported fields, malformed messages/prompt/stream: 400
+
+    def _resolve_model(self, body: dict):
+        # transformers serve names the model `ID@main` in its responses: that id is this model too
+        pinned = self.model_manager.force_model
+        if pinned is not None and body.get("model") == f"{pinned}@main":
+            body["model"] = pinned
+        return super()._resolve_model(body)
+
     def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
-        return request_settings(body, model_generation_config)  # BadRequestField: 400 (`openai_errors`)
+        settings = request_settings(body, model_generation_config)  # BadRequestField: 400 (`openai_errors`)
+        settings.constraint, settings.constraint_field = request_constraint(body)  # compiled at submission
+        return settings
 
     async def _non_streaming(self, *args, **kwargs):
         compute = super()._non_streaming
@@ -101,6 +135,8 @@ class DiffusionChatHandler(DiffusionHandlerMixin, ChatCompletionHandler):
     """`/v1/chat/completions` for block diffusion."""
 
     _valid_params_class = DiffusionFields
+    check_body = staticmethod(check_chat_body)
+    _unused_fields = UNUSED_CHAT_COMPLETION_FIELDS - {"response_format"}  # honoured (constraint_fields.py)
 
     def _build_chunk_sse(self, request_id: str = "", content=None, model=None, **kwargs) -> str:
         if isinstance(content, DraftText):
@@ -112,6 +148,7 @@ class DiffusionCompletionHandler(DiffusionHandlerMixin, CompletionHandler):
     """`/v1/completions` for block diffusion."""
 
     _valid_params_class = DiffusionTextFields
+    check_body = staticmethod(check_completion_body)
 
     def _build_chunk_sse(self, request_id: str, model_id: str, text: str = "", **kwargs) -> str:
         if isinstance(text, DraftText):

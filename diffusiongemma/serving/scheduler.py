@@ -8,7 +8,8 @@ temperature schedule: requests with equal settings share one, so they sample in 
     loop: admit waiting requests into free slots -> drop abandoned rows -> one pool pass -> stream its events
 
 A row draws only from its own `torch.Generator` (seeded from the request's `seed`), in the order it draws when run
-alone. Requests whose sampler draws from the global RNG (sampling "reference", "gumbel") run alone, through
+alone. With `batch_invariant` every row also runs its own forward and engine step inside each pass, so its logits
+and tokens never depend on the other requests. Requests whose sampler draws from the global RNG (sampling "reference", "gumbel") run alone, through
 `model.generate`, between two passes (the pool waits).
 
 Legend: P prompt, L canvas length.
@@ -22,6 +23,7 @@ import torch
 from transformers import LogitsProcessorList
 from transformers.utils import logging
 
+from ..constraints.guide import ConstraintGuide
 from ..generation.engine import Plan, soft_embedder
 from ..generation.pool import Row, RowPool
 from ..generation.sampler import SamplerContext, sampler_class_for, temperature_schedule
@@ -54,13 +56,20 @@ class ServingScheduler:
         max_model_len: most tokens a request holds (prompt + whole canvases); `RowCache` room per row.
         logits_processor: transformers `LogitsProcessor`s applied to every request's steps, as `generate` applies
             them (per-position processors get the canvas, the request's row id and its position offset).
+        batch_invariant: every row runs alone inside each pass (`generation/invariant.py`): a seeded request's
+            tokens are bit-identical to `model.generate(prompt, seed=seed, batch_invariant=True, ...)`, whatever
+            else the server runs and whenever the request arrives.
     """
 
     def __init__(self, model, max_batch_size: int = 8, max_queue: int = 64, max_model_len: int = 4096,
-                 logits_processor=None):
+                 logits_processor=None, batch_invariant: bool = False):
         self.model, self.L = model, model.canvas_length
         self.V = model.config.text_config.vocab_size
         self.max_batch_size, self.max_queue = max_batch_size, max_queue
+        self.requested_max_model_len = max_model_len  # as given (--max-model-len); error messages name it
+        if not isinstance(batch_invariant, bool):
+            raise TypeError(f"`batch_invariant` must be a bool, got {batch_invariant!r}")
+        self.batch_invariant = batch_invariant
         self.max_model_len = min(max_model_len, model.config.text_config.max_position_embeddings)
         self.device = model.device
         self._waiting: collections.deque[Job] = collections.deque()
@@ -120,14 +129,21 @@ class ServingScheduler:
                 for job in admitted:
                     if job.streamer.abandoned:
                         job.streamer.end()
-                    elif not self._plan(job.settings).sampler.per_row:
+                        continue
+                    try:
+                        alone = not self._plan(job.settings).sampler.per_row
+                    except Exception as error:  # noqa: BLE001 - this request fails, the server goes on
+                        logger.error(f"preparing a request failed: {error}", exc_info=True)
+                        job.streamer.fail(f"generation failed: {error}")
+                        continue
+                    if alone:
                         self._run_alone(job)
-                    else:
-                        try:
-                            self._admit(job, pool)
-                        except Exception as error:  # noqa: BLE001 - this request fails, the server goes on
-                            logger.error(f"admitting a request failed: {error}", exc_info=True)
-                            job.streamer.fail(f"generation failed: {error}")
+                        continue
+                    try:
+                        self._admit(job, pool)
+                    except Exception as error:  # noqa: BLE001 - this request fails, the server goes on
+                        logger.error(f"admitting a request failed: {error}", exc_info=True)
+                        job.streamer.fail(f"generation failed: {error}")
                 abandoned = [r for r in pool.active if r.owner.streamer.abandoned]
                 self.dropped += len(abandoned)
                 self._leave(abandoned)
@@ -147,17 +163,18 @@ class ServingScheduler:
                     continue
                 self._stream(events)
                 self.active_rows = len(pool)
-            for r in self._pool.active if self._pool is not None else []:
-                r.owner.streamer.end()
+            for r in self._pool.active if self._pool is not None else []:  # unfinished: say so, never a short answer
+                r.owner.streamer.fail("the server is shutting down")
             for job in self._waiting:
-                job.streamer.end()
+                job.streamer.fail("the server is shutting down")
 
     def _ensure_pool(self) -> RowPool:
         if self._pool is None:
             # room per row: the longest request, plus padding queries of a pass as long as the longest prompt
             capacity = self.max_model_len + max(self.max_model_len - self.L, self.L)
             self._pool = RowPool(self.model, self.max_batch_size, capacity, self.device,
-                                 stop_after_canvas=lambda rows: [r.owner.streamer.abandoned for r in rows])
+                                 stop_after_canvas=lambda rows: [r.owner.streamer.abandoned for r in rows],
+                                 batch_invariant=self.batch_invariant)
         return self._pool
 
     def _plan(self, s: RequestSettings) -> Plan:
@@ -165,6 +182,8 @@ class ServingScheduler:
         c = s.config
         key = (s.sampling, repr(c.sampler_config), c.max_denoising_steps, c.t_min, c.t_max, c.stability_threshold,
                c.confidence_threshold)
+        if s.automaton is not None:  # one guide per constraint and budget; it keeps each row's state by its id
+            key += (id(s.automaton), s.max_new_tokens)
         if key not in self._plans:
             sampler_class = sampler_class_for(c.sampler_config, s.sampling)
             self._plans[key] = Plan(
@@ -173,6 +192,8 @@ class ServingScheduler:
                 temperatures=temperature_schedule(c.max_denoising_steps, c.t_min, c.t_max, self.device),
                 processors=self.processors,
                 soft_embed=soft_embedder(self.model.get_decoder(), exact_reference=not sampler_class.per_row),
+                constraint=(ConstraintGuide(s.automaton, self.L, s.max_new_tokens) if s.automaton is not None
+                            else None),
             )
         return self._plans[key]
 
@@ -181,7 +202,7 @@ class ServingScheduler:
         eos = s.config.eos_token_id
         eos_ids = (torch.tensor(eos if isinstance(eos, (list, tuple)) else [eos], device=self.device)
                    if eos is not None else None)
-        seed = s.seed if s.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        seed = s.seed if s.seed is not None else int(torch.randint(0, 2**32, ()).item())
         generator = torch.Generator(device=self.device).manual_seed(seed)  # as generate(seed=seed) for one row
         self._requests += 1
         pool.admit(Row(index=self._requests, prompt=job.prompt, plan=self._plan(s), generator=generator,
@@ -194,6 +215,8 @@ class ServingScheduler:
         self._pool.remove(rows)
         for r in rows:
             r.owner.streamer.end()
+            if r.plan.constraint is not None:
+                r.plan.constraint.forget(r.index)
 
     def _stream(self, events) -> None:
         """A pass's events to the requests' streams: drafts, committed canvases, failures, ends."""
@@ -209,6 +232,9 @@ class ServingScheduler:
             r.owner.streamer.fail(str(error))
         for r in events.finished:
             r.owner.streamer.end()
+        for r in events.finished + [r for r, _ in events.faulted]:
+            if r.plan.constraint is not None:
+                r.plan.constraint.forget(r.index)
 
     def _run_alone(self, job: Job) -> None:
         """A request with global-RNG sampling: `model.generate` on this thread, the pool paused."""
@@ -221,7 +247,8 @@ class ServingScheduler:
         try:
             self.model.generate(job.prompt[None], generation_config=s.config, sampling=s.sampling,
                                 streamer=job.streamer, max_new_tokens=s.max_new_tokens,
-                                logits_processor=self.processors)
+                                logits_processor=self.processors, constraint=s.constraint,
+                                tokenizer=s.tokenizer if s.constraint is not None else None)
         except _GenerationCancelled:
             job.streamer.end()
         except Exception as error:  # noqa: BLE001 - the request fails, the server goes on

@@ -2,11 +2,15 @@
 
 Standard fields: `max_tokens` (chat also `max_completion_tokens`), `stop`, `seed`. Extra body fields (the `openai`
 client sends them with `extra_body=`): the diffusion settings `max_denoising_steps`, `entropy_bound`, `t_min`, `t_max`,
-`stability_threshold`, `confidence_threshold`, `sampling`, and `stream_drafts`. `temperature` and `top_p` are accepted
+`stability_threshold`, `confidence_threshold`, `sampling`, and `stream_drafts`; `sampler` and its settings
+(sampler_request.py). `temperature` and `top_p` are accepted
 and reported unused once (block diffusion follows its own temperature schedule), as `generate` does.
 
-Every range check is `DiffusionGemmaGenerationConfig.validate`'s, applied one field at a time so the error names the
-field the client sent.
+Every range check is the generation config's (`generation_config.validate_field`), applied one field at a time so
+the error names the field the client sent; `t_max > t_min` is checked once both are known, citing which value was
+sent and which is this server's default. The server adds one bound of its own: `max_denoising_steps` at most
+`MAX_REQUEST_STEPS`, since a request holds its row (and, with a global-RNG sampler, the whole model) for up to that
+many passes per canvas. Fields this server cannot honour are refused in `request_checks.py`.
 """
 
 import copy
@@ -17,8 +21,10 @@ from numbers import Integral, Real
 from transformers.utils import logging
 
 from ..generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig, resolve_generation_config
+from ..generation_config import validate_field
 from ..generation.resolve import SEED_MAX
 from ..generation.sampler import sampling_names
+from .sampler_request import request_sampler_config
 
 logger = logging.get_logger(__name__)
 
@@ -27,6 +33,7 @@ CONFIG_FIELDS = ("max_denoising_steps", "t_min", "t_max", "stability_threshold",
 FLOAT_FIELDS = ("t_min", "t_max", "confidence_threshold", "entropy_bound")  # a JSON int (1) is a float here
 UNUSED_AR_FIELDS = ("temperature", "top_p")
 MAX_STOP_STRINGS = 4  # as the OpenAI API
+MAX_REQUEST_STEPS = 1024  # max_denoising_steps per request (docs/serving.md); the released config takes 48
 
 
 class BadRequestField(ValueError):
@@ -52,6 +59,11 @@ class RequestSettings:
     stop: list[str] = field(default_factory=list)
     stream_drafts: bool = False
     length_field: str = "max_tokens"  # the body field that set max_new_tokens (named by a length error)
+    prompt_field: str = "messages"  # the body field holding the prompt ("messages" or "prompt")
+    constraint: object = None  # `Regex` / `JsonSchema` from `response_format` or `regex` (constraint_fields.py)
+    constraint_field: str | None = None  # the body field it came from
+    automaton: object = None  # the constraint compiled over the server's tokenizer
+    tokenizer: object = None  # that tokenizer
 
     @property
     def eos_token_id(self):
@@ -71,12 +83,10 @@ def _number(name: str, value, want_int: bool):
     return value
 
 
-def _checked(config: DiffusionGemmaGenerationConfig, name: str, attr: str, value) -> None:
-    """Set one field on a copy of `config` and validate it, so a failure names `name`."""
-    trial = copy.deepcopy(config)
-    setattr(trial, attr, value)
+def _checked(name: str, attr: str, value) -> None:
+    """Check one field's type and range on its own, so a failure names `name` (the body field)."""
     try:
-        trial.validate()
+        validate_field(attr, value)
     except ValueError as error:
         raise BadRequestField(name, str(error)) from None
 
@@ -114,43 +124,78 @@ def request_settings(body: dict, model_generation_config) -> RequestSettings:
     token_field = "max_completion_tokens" if "max_completion_tokens" in present else "max_tokens"
     if token_field in present:
         max_new = _number(token_field, present[token_field], want_int=True)
-        _checked(config, token_field, "max_new_tokens", max_new)
+        _checked(token_field, "max_new_tokens", max_new)
         config.max_new_tokens = max_new
     for name in CONFIG_FIELDS:
         if name in present:
             value = _number(name, present[name], want_int=name not in FLOAT_FIELDS)
-            _checked(config, name, name, value)
+            _checked(name, name, value)
             setattr(config, name, value)
+    if config.max_denoising_steps > MAX_REQUEST_STEPS:
+        where = "sent" if "max_denoising_steps" in present else "the model's generation_config"
+        raise BadRequestField("max_denoising_steps", f"at most {MAX_REQUEST_STEPS} per request on this server, got "
+                                                     f"{config.max_denoising_steps} ({where})")
     if "entropy_bound" in present:
         bound = _number("entropy_bound", present["entropy_bound"], want_int=False)
         if not bound > 0:
             raise BadRequestField("entropy_bound", f"must be > 0, got {bound!r}")
         config.sampler_config = EntropyBoundSamplerConfig(entropy_bound=bound)
+    config.sampler_config = request_sampler_config(present, config.sampler_config, BadRequestField)  # `sampler`
     if not config.t_max > config.t_min:
-        name = "t_max" if "t_max" in present else "t_min"
-        raise BadRequestField(name, f"`t_max` must be greater than `t_min`, got t_max={config.t_max} <= "
-                                    f"t_min={config.t_min}")
+        def cited(n):
+            origin = "sent" if n in present else "this server's default"
+            return f"{n}={getattr(config, n)} ({origin})"
+
+        name = "t_max" if "t_max" in present or "t_min" not in present else "t_min"
+        raise BadRequestField(name, f"`t_max` must be greater than `t_min`, got {cited('t_max')} <= {cited('t_min')}")
+    try:
+        config.validate()
+    except ValueError as error:  # the model's own generation_config holds a bad value
+        raise BadRequestField("generation_config", f"this server's generation config is invalid: {error}") from None
     seed = present.get("seed")
     if seed is not None:
         seed = _number("seed", seed, want_int=True)
         if not 0 <= seed <= SEED_MAX:
-            raise BadRequestField("seed", f"must lie in [0, 2**64 - 1], got {seed}")
+            raise BadRequestField("seed", f"must lie in [0, 2**32 - 1] (the CPU generator keeps 32 bits, so larger "
+                                          f"seeds would repeat smaller ones), got {seed}")
     sampling = present.get("sampling", "fast")
-    if sampling not in sampling_names(type(config.sampler_config)):
-        raise BadRequestField("sampling", f"must be one of {sorted(sampling_names(type(config.sampler_config)))}, "
-                                          f"got {sampling!r}")
+    names = sorted(sampling_names(type(config.sampler_config)))
+    if not isinstance(sampling, str) or sampling not in names:
+        raise BadRequestField("sampling", f"must be one of {names}, got {sampling!r}")
     drafts = present.get("stream_drafts", False)
     if not isinstance(drafts, bool):
         raise BadRequestField("stream_drafts", f"must be true or false, got {drafts!r}")
-    length_field = token_field if token_field in present else "messages" if "messages" in body else "prompt"
+    prompt_field = "messages" if "messages" in body else "prompt"
+    length_field = token_field if token_field in present else prompt_field
     return RequestSettings(config=config, max_new_tokens=config.max_new_tokens, seed=seed, sampling=sampling,
-                           stop=stop_strings(present.get("stop")), stream_drafts=drafts, length_field=length_field)
+                           stop=stop_strings(present.get("stop")), stream_drafts=drafts, length_field=length_field,
+                           prompt_field=prompt_field)
 
 
-def check_length(settings: RequestSettings, prompt_length: int, canvas_length: int, max_model_len: int) -> None:
-    """The prompt plus whole canvases must fit the server's per-request room (`--max-model-len`)."""
-    canvases = math.ceil(settings.max_new_tokens / canvas_length)
+def check_length(settings: RequestSettings, prompt_length: int, canvas_length: int, max_model_len: int,
+                 requested_max_model_len: int | None = None) -> None:
+    """The prompt plus whole canvases must fit the server's per-request room.
+
+    Args:
+        max_model_len: the room: `--max-model-len`, capped by the model's `max_position_embeddings`.
+        requested_max_model_len: the `--max-model-len` given, when the model's limit capped it (named in the error).
+
+    Raises:
+        BadRequestField: naming the prompt field when the prompt is empty or leaves no room for one canvas, else the
+            length field (`max_tokens`) when its canvases do not fit.
+    """
+    if prompt_length == 0:
+        raise BadRequestField(settings.prompt_field, "the prompt is empty (0 tokens): send at least one token")
+    room = f"this server's --max-model-len ({max_model_len})"
+    if requested_max_model_len is not None and requested_max_model_len > max_model_len:
+        room = (f"this server's limit of {max_model_len} tokens per request (--max-model-len "
+                f"{requested_max_model_len}, capped by the model's max_position_embeddings)")
+    if prompt_length + canvas_length > max_model_len:
+        raise BadRequestField(settings.prompt_field, f"the prompt ({prompt_length} tokens) plus one canvas of "
+                                                     f"{canvas_length} tokens exceed {room}: shorten the prompt")
+    canvases = -(-settings.max_new_tokens // canvas_length)  # integer ceil: max_tokens may exceed a float
     if prompt_length + canvases * canvas_length > max_model_len:
+        fit = (max_model_len - prompt_length) // canvas_length * canvas_length
         raise BadRequestField(settings.length_field, f"the prompt ({prompt_length} tokens) plus {canvases} "
-                                                     f"canvas(es) of {canvas_length} tokens exceed this server's "
-                                                     f"--max-model-len ({max_model_len})")
+                                                     f"canvas(es) of {canvas_length} tokens exceed {room}; at most "
+                                                     f"{fit} new tokens fit after this prompt")

@@ -6,7 +6,8 @@ through the response parser when the model has one, exactly as `DirectStreamer` 
 for them, become `DraftText` items that the handlers turn into the documented `draft` field of a chunk.
 
 The response holds at most `max_new_tokens` tokens and ends at the first EOS; a `stop` string ends it too (the text
-before it is kept). Either way `abandoned` tells the scheduler to drop the row at the next step boundary, as does
+before it is kept, and `generated`, which the usage and `finish_reason` count, keeps only the tokens whose text lies
+wholly before it). Either way `abandoned` tells the scheduler to drop the row at the next step boundary, as does
 `cancel()` (a client that went away).
 """
 
@@ -49,12 +50,17 @@ class RowStreamer(DirectStreamer):
         self.drafts = settings.stream_drafts
         eos = settings.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+        self.settings = settings
+        if settings.automaton is not None and settings.automaton.pad_id is not None:
+            self.eos_ids.add(settings.automaton.pad_id)  # a constrained answer is complete where padding begins
         self.generated: list[int] = []  # committed ids of the response, up to and including the first EOS
         self.canvas = 0  # canvases committed
         self.step = 0  # denoising steps of the current canvas
         self.ended = False
         self._done = False  # EOS, max_new_tokens or a stop string reached
         self._held = ""  # text held back: it may be the start of a stop string
+        self._text_len = 0  # characters decoded from `generated` so far
+        self._ends: list[int] = []  # per generated token: `_text_len` after it
         self._end_lock = threading.Lock()
         self.raise_on_cancel = False  # set when `model.generate` drives this streamer: raising aborts it
 
@@ -91,6 +97,10 @@ class RowStreamer(DirectStreamer):
         hits = [i for i in (pending.find(s) for s in self.stop) if i >= 0]
         if hits:
             self._held, self._done = "", True
+            cut = self._text_len - len(pending) + min(hits)  # where the stop string starts in the whole response
+            kept = sum(1 for end in self._ends if end <= cut)
+            self.generated, self._ends = self.generated[:kept], self._ends[:kept]
+            self.total_tokens = kept
             return pending[: min(hits)]
         keep = 0 if final or not self.stop else min(len(pending), max(len(s) for s in self.stop) - 1)
         self._held = pending[len(pending) - keep :]
@@ -112,12 +122,14 @@ class RowStreamer(DirectStreamer):
             text = self._decode_stream.step(self._tokenizer, token)
             if text:
                 pieces.append(text)
+                self._text_len += len(text)
+            self._ends.append(self._text_len)
             if token in self.eos_ids:
                 self._done = True
         self.total_tokens = len(self.generated)
         if len(self.generated) >= self.max_new_tokens:
             self._done = True
-        self._emit(self._filter_stop("".join(pieces), final=False))
+        self._emit(self._filter_stop("".join(pieces), final=False))  # a stop string may shorten `generated`
 
     def put_draft(self, value=None, logits=None) -> None:
         """value [1, L]: the argmax canvas after a denoising step."""
@@ -136,7 +148,22 @@ class RowStreamer(DirectStreamer):
                 return
             self.ended = True
         self._emit(self._filter_stop("", final=True))
+        self._complete_answer_is_a_stop()
         super().end()
+
+    def _complete_answer_is_a_stop(self) -> None:
+        """transformers serve answers finish_reason "length" when the response holds `max_new_tokens` tokens. A
+        constrained answer that is complete exactly there is a "stop": the handlers read the budget from these
+        settings after the stream ended, so it is cleared for them. An incomplete one stays "length"."""
+        automaton = self.settings.automaton
+        if automaton is None or not self.generated or len(self.generated) < self.max_new_tokens:
+            return
+        import torch
+
+        tokens = torch.tensor([self.generated], device=automaton.token_class.device)
+        if bool(automaton.complete(automaton.walk(torch.tensor([automaton.initial], device=tokens.device),
+                                                  tokens))[0]):
+            self.settings.max_new_tokens = None
 
     def fail(self, message: str) -> None:
         """End the stream with an error item (the handlers send it as an SSE error)."""

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..cli_types import positive_int
+from ..cli_types import positive_int, seed_arg, steps_arg
 from ..generation.streamers import is_terminal
 from .puzzles import BLANK, check_puzzle, read_puzzles, render_grid
 
@@ -41,8 +41,9 @@ def _non_negative(text: str) -> int:
     return value
 
 
-def add_sudoku_commands(subparsers) -> None:
-    """Register `sudoku` and `train sudoku` on the main parser's subparsers."""
+def add_sudoku_commands(subparsers):
+    """Register `sudoku` and `train sudoku` on the main parser's subparsers; returns the `train` command's recipe
+    subparsers, for other recipes (`train sft`)."""
     p = subparsers.add_parser(
         "sudoku",
         help="solve Sudoku with the bundled DiffusionGemma demo model",
@@ -58,9 +59,9 @@ def add_sudoku_commands(subparsers) -> None:
     p.add_argument("--givens", type=_givens, default=DEFAULT_GIVENS,
                    help=f"filled cells of generated puzzles, 17..81; fewer is harder (default {DEFAULT_GIVENS}, "
                    "where the bundled demo model solves most puzzles)")
-    p.add_argument("--seed", type=int, default=None, help="seed puzzle generation and denoising")
+    p.add_argument("--seed", type=seed_arg, default=None, help="seed puzzle generation and denoising")
     p.add_argument("--model", default=None, help="model folder (default: the bundled demo model)")
-    p.add_argument("--max-steps", type=positive_int, default=None, help="max denoising steps (default: the model's)")
+    p.add_argument("--max-steps", type=steps_arg, default=None, help="max denoising steps (default: the model's)")
     p.add_argument("--no-animation", action="store_true", help="do not redraw the grid at every step")
     p.add_argument("--no-color", action="store_true",
                    help="no ANSI colours or cursor codes, as when stdout is not a terminal (also: NO_COLOR=1); "
@@ -109,8 +110,9 @@ def add_sudoku_commands(subparsers) -> None:
     t.add_argument("--init-from", metavar="DIR", help="start from this model's weights (e.g. the bundled demo "
                    "model) with a fresh optimizer; --hidden-size/--layers/--experts are then ignored")
     t.add_argument("--freeze-router", action="store_true", default=None, help="do not train the MoE routers")
-    t.add_argument("--seed", type=int, help="seeds init, pool, data and loss draws (default 0)")
+    t.add_argument("--seed", type=seed_arg, help="seeds init, pool, data and loss draws (default 0)")
     t.set_defaults(func=run_train_sudoku)
+    return recipes
 
 
 def _difficulty(puzzle: str) -> str:

@@ -117,7 +117,12 @@ def read_puzzles(path: str | Path) -> list[str]:
             unsolvable puzzle.
     """
     puzzles = []
-    for line_number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    try:
+        text = Path(path).read_text()
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not a text file (byte {error.start} is not UTF-8): one puzzle per line "
+                         "expected") from None
+    for line_number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
@@ -155,8 +160,15 @@ def _search(cells: list[int], limit: int, rng: random.Random | None = None) -> l
     empty = [i for i in range(81) if not grid[i]]
     found: list[list[int]] = []
 
+    def place(i: int, digit: int) -> None:  # toggles: the same call undoes it
+        bit = 1 << digit
+        grid[i] = digit if not grid[i] else 0
+        rows[_ROW[i]] ^= bit
+        cols[_COL[i]] ^= bit
+        boxes[_BOX[i]] ^= bit
+
     def recurse() -> None:
-        # MRV: branch on the empty cell with the fewest candidates.
+        # MRV: branch on the empty cell with the fewest candidates ...
         best, best_mask, best_count = -1, 0, 10
         for i in empty:
             if grid[i]:
@@ -172,21 +184,39 @@ def _search(cells: list[int], limit: int, rng: random.Random | None = None) -> l
             return
         if best_count == 0:
             return
-        digits = [d for d in range(1, 10) if best_mask >> d & 1]
+        choices = [(best, d) for d in range(1, 10) if best_mask >> d & 1]
+        if rng is None and best_count > 1:
+            # ... or on the digit with the fewest places left in some row, column or box (hidden singles; both
+            # halves of the exact-cover choice). Without it, puzzles with no solution can take minutes to refute.
+            # Random grids (rng given) keep the cell-only order, so a seed draws the grid it always drew.
+            for unit in _UNITS:
+                free = 0
+                for i in unit:
+                    if not grid[i]:
+                        free |= rows[_ROW[i]] & cols[_COL[i]] & boxes[_BOX[i]]
+                placed = 0
+                for i in unit:
+                    if grid[i]:
+                        placed |= 1 << grid[i]
+                if (free | placed) != _FULL:
+                    return  # a digit has no place left in this unit
+                for digit in range(1, 10):
+                    bit = 1 << digit
+                    if placed & bit:
+                        continue
+                    places = [i for i in unit if not grid[i] and rows[_ROW[i]] & cols[_COL[i]] & boxes[_BOX[i]] & bit]
+                    if len(places) < len(choices):
+                        choices = [(i, digit) for i in places]
+                        if len(choices) == 1:
+                            break
+                if len(choices) == 1:
+                    break
         if rng is not None:
-            rng.shuffle(digits)
-        r, c, b = _ROW[best], _COL[best], _BOX[best]
-        for digit in digits:
-            bit = 1 << digit
-            grid[best] = digit
-            rows[r] ^= bit
-            cols[c] ^= bit
-            boxes[b] ^= bit
+            rng.shuffle(choices)
+        for i, digit in choices:
+            place(i, digit)
             recurse()
-            rows[r] ^= bit
-            cols[c] ^= bit
-            boxes[b] ^= bit
-            grid[best] = 0
+            place(i, digit)
             if len(found) >= limit:
                 return
 

@@ -115,10 +115,14 @@ def block_diffusion_loss(
 ) -> BlockDiffusionLossOutput:
     """Block-diffusion loss of a `DiffusionGemmaForBlockDiffusion` on one (prefix, canvas) pair per example.
 
+    Labels longer than the model's canvas length are a response of several whole canvases: they go to
+    `canvases.multi_canvas_loss` (every canvas trained against its clean prefix, all in one forward).
+
     Args:
         model: the model; `encode`, `denoise`, `head` and `get_decoder().soft_embedding` are used.
         input_ids: [B, P] clean prefix (prompt and earlier canvases), encoded once into a fresh cache.
         labels: [B, L] clean canvas; positions equal to -100 are not scored (they are filled with pad before noising).
+            [B, K*L] with L = `model.canvas_length` and K > 1: K canvases (see `multi_canvas_loss`).
         attention_mask: [B, P] 1 for real prefix tokens, 0 for (left) padding.
         self_conditioning_mask: [B] bool rows that get a self-conditioning pass; default: each row with p = 0.5.
         generator: source of every random draw (t, replacement mask, random tokens, self-conditioning rows).
@@ -128,6 +132,11 @@ def block_diffusion_loss(
     """
     if input_ids is None:
         raise ValueError("block_diffusion_loss needs `input_ids` (the clean prefix, at least one token)")
+    if isinstance(labels, torch.Tensor) and labels.dim() == 2 and labels.shape[1] > model.canvas_length:
+        from .canvases import multi_canvas_loss
+
+        return multi_canvas_loss(model, input_ids, labels, attention_mask, self_conditioning_mask, generator,
+                                 ar_weight)
     V = model.config.text_config.vocab_size
     check_loss_inputs(input_ids, labels, attention_mask, V)
     B, L = labels.shape

@@ -41,4 +41,56 @@ def test_golden_names_a_tampered_fingerprint_and_a_bad_file(saved_pair, tmp_path
     assert "fingerprint log-probs at position 5" in capsys.readouterr().out
     golden.write_text('{"prompt": "x"}\n')
     assert main(["golden", "--check", str(golden), "--model", str(path)]) == 2
-    assert "golden.jsonl:1 lacks" in capsys.readouterr().err
+    assert "golden.jsonl:1 is not a golden record: lacks" in capsys.readouterr().err
+
+
+def test_golden_check_refuses_what_it_cannot_check(saved_pair, tmp_path, capsys, one_thread):
+    """Empty or blank files, truncated fingerprints, NaN log-probs and a wrong tokens_per_forward never pass."""
+    path = saved_pair[0]
+    (tmp_path / "prompts.txt").write_text("Hi\n")
+    golden = tmp_path / "golden.jsonl"
+    assert main(["golden", "--model", str(path), "--prompts", str(tmp_path / "prompts.txt"), "--out", str(golden),
+                 "--max-new-tokens", "16", "--steps", "2"]) == 0
+    good = json.loads(golden.read_text())
+
+    def check(text):
+        golden.write_text(text)
+        capsys.readouterr()
+        code = main(["golden", "--check", str(golden), "--model", str(path)])
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err
+
+    for text in ("", "\n  \n"):
+        code, out = check(text)
+        assert code == 2 and "holds no golden records" in out
+    code, out = check("\x00\xff binary")
+    assert code == 2 and "golden.jsonl" in out
+    truncated = json.loads(json.dumps(good))
+    truncated["fingerprint"]["ids"] = truncated["fingerprint"]["ids"][:5]
+    truncated["fingerprint"]["logprobs"] = truncated["fingerprint"]["logprobs"][:5]
+    code, out = check(json.dumps(truncated) + "\n")
+    assert code == 1 and "fingerprint: expected 5 positions, got 16" in out
+    short_row = json.loads(json.dumps(good))
+    short_row["fingerprint"]["ids"][3] = short_row["fingerprint"]["ids"][3][:2]
+    code, out = check(json.dumps(short_row) + "\n")
+    assert code == 2 and "position 3 must hold 4 ids" in out
+    code, out = check(json.dumps(good).replace(str(good["fingerprint"]["logprobs"][2][0]), "NaN", 1) + "\n")
+    assert code == 2 and "log-probs are finite" in out
+    wrong = dict(good, tokens_per_forward=good["tokens_per_forward"] + 0.5)
+    code, out = check(json.dumps(wrong) + "\n")
+    assert code == 1 and "tokens per forward" in out
+    code, out = check(json.dumps(good) + "\n")
+    assert code == 0
+
+
+def test_golden_out_is_not_replaced_without_overwrite(saved_pair, tmp_path, capsys, one_thread):
+    path = saved_pair[0]
+    (tmp_path / "prompts.txt").write_text("Hi\n")
+    golden = tmp_path / "golden.jsonl"
+    golden.write_text("precious\n")
+    args = ["golden", "--model", str(path), "--prompts", str(tmp_path / "prompts.txt"), "--out", str(golden),
+            "--max-new-tokens", "16", "--steps", "2"]
+    assert main(args) == 2
+    assert "pass --overwrite" in capsys.readouterr().err and golden.read_text() == "precious\n"
+    assert main(args + ["--overwrite"]) == 0 and json.loads(golden.read_text())["prompt"] == "Hi"
+    assert not list(tmp_path.glob(".golden.jsonl.tmp-*"))

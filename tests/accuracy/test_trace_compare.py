@@ -106,6 +106,11 @@ def test_a_malformed_trace_exits_2_and_says_what(saved_pair, tmp_path, prompts, 
     save_file(tensors, str(tmp_path / "t" / "trace.safetensors"))
     capsys.readouterr()
     assert main(["compare", "--model", str(path), "--trace", str(tmp_path / "t")]) == 2
+    assert "does not match its manifest (`tensors_sha256`)" in capsys.readouterr().err  # edited after the write
+    manifest = json.loads((tmp_path / "t" / "manifest.json").read_text())
+    del manifest["tensors_sha256"]  # as another engine writes it: no checksum
+    (tmp_path / "t" / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["compare", "--model", str(path), "--trace", str(tmp_path / "t")]) == 2
     assert "`entropy` must be torch.float32" in capsys.readouterr().err
     assert main(["compare", "--model", str(path), "--trace", str(tmp_path / "nothing")]) == 2
     assert "manifest.json is missing" in capsys.readouterr().err
@@ -125,7 +130,7 @@ def test_a_minimal_trace_scores_committed_canvases(saved_pair, tmp_path, prompts
     assert summary["steps"][0]["kl"] is None  # not measured on a minimal trace
     assert all(0 <= s["top1"] <= 1 and s["mean_entropy"] > 0 for s in summary["steps"])
     # an explicit threshold the random tiny model cannot meet fails the run
-    assert main(["compare", "--model", str(path), "--trace", str(tmp_path / "m"), "--min-top1", "1.01"]) == 1
+    assert main(["compare", "--model", str(path), "--trace", str(tmp_path / "m"), "--min-top1", "1"]) == 1
 
 
 def test_a_small_k_replay_is_exact_with_and_without_the_recorded_input(saved_pair, tmp_path, prompts, capsys,

@@ -63,10 +63,12 @@ def test_special_ids_outside_vocabulary(model, field, value, message):
     (True, TypeError, r"got True \(bool\)"),
     ([1, "2"], TypeError, r"got '2' \(str\)"),
     (torch.tensor(3), TypeError, r"\(Tensor\)"),
-    (2**70, ValueError, r"`seed` must lie in \[0, 2\*\*64 - 1\]"),
-    (2**64 - 1, ValueError, r"every row: an int seed gives row b seed \+ b"),  # row 1 would get 2**64
+    (2**70, ValueError, r"`seed` must lie in \[0, 2\*\*32 - 1\]"),
+    (2**63, ValueError, "the CPU generator keeps 32 bits"),  # would repeat seed 0
+    (2**32 + 5, ValueError, "must lie in"),  # would repeat seed 5
+    (2**32 - 1, ValueError, r"every row: an int seed gives row b seed \+ b"),  # row 1 would get 2**32
     (-1, ValueError, "must lie in"),
-    ([0, 2**64], ValueError, "must lie in"),
+    ([0, 2**32], ValueError, "must lie in"),
 ])
 def test_bad_seed(model, seed, error, message):
     with pytest.raises(error, match=message):
@@ -74,8 +76,8 @@ def test_bad_seed(model, seed, error, message):
 
 
 def test_extreme_valid_seeds_run(model):
-    out = model.generate(IDS, sampling="fast", seed=[2**64 - 1, 0], **KW)
-    again = model.generate(IDS, sampling="fast", seed=[2**64 - 1, 0], **KW)
+    out = model.generate(IDS, sampling="fast", seed=[2**32 - 1, 0], **KW)
+    again = model.generate(IDS, sampling="fast", seed=[2**32 - 1, 0], **KW)
     assert torch.equal(out.sequences, again.sequences)
 
 

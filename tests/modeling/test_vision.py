@@ -100,6 +100,34 @@ def test_malformed_image_inputs(model, prompt, overrides, message):
         model(**inputs(prompt, **overrides))
 
 
+def edited(prompt, name, edit):
+    return {name: edit(prompt[name].clone())}
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda p: dict(pixel_values=p["pixel_values"][..., :40]), "must have 3\\*patch_size\\*patch_size = 48"),
+    (lambda p: dict(image_position_ids=p["image_position_ids"].float()), "`image_position_ids` must be integers"),
+    (lambda p: edited(p, "image_position_ids", lambda x: x.index_fill_(1, torch.tensor([0]), 10**6)),
+     "patch positions in \\[0, "),
+    (lambda p: edited(p, "image_position_ids", lambda x: x.index_fill_(1, torch.tensor([0]), -5)),
+     "patch positions in \\[0, "),
+    (lambda p: dict(pixel_values=p["pixel_values"].long()), "`pixel_values` must be floats"),
+    (lambda p: dict(mm_token_type_ids=torch.full_like(p["mm_token_type_ids"], 1)), "1 exactly at the image"),
+    (lambda p: edited(p, "mm_token_type_ids", lambda x: x.masked_fill_(x == 1, 2)), "0 \\(text\\) and 1"),
+])
+def test_image_inputs_out_of_range_are_named(model, prompt, make, message):
+    with pytest.raises(ValueError, match=message):
+        model(**inputs(prompt, **make(prompt)))
+
+
+@pytest.mark.parametrize("types", [lambda ids: torch.ones_like(ids), lambda ids: torch.full_like(ids, 2)])
+def test_token_types_without_images_are_refused(model, prompt, types):
+    """All 1 (or 2) without images would make the whole prompt one bidirectional block and change the logits."""
+    text = prompt["input_ids"].masked_fill(prompt["input_ids"] == IMAGE, 40)
+    with pytest.raises(ValueError, match="mm_token_type_ids"):
+        model.generate(text, mm_token_type_ids=types(text), max_new_tokens=16, max_denoising_steps=2)
+
+
 def test_pixel_values_and_precomputed_features_together(model, prompt):
     features = model.get_image_features(prompt["pixel_values"], prompt["image_position_ids"])
     with pytest.raises(ValueError, match="either `pixel_values` or `mm_encoder_outputs`"):

@@ -65,3 +65,33 @@ def test_bitsandbytes_quantizes_attention_and_mlp_linears_and_generates(dense, n
 
     first = run()
     assert first.shape == (1, 9 + 16) and torch.equal(first, run())
+
+
+def test_4bit_on_cpu_keeps_layers_its_kernel_cannot_run(tmp_path, caplog):
+    """hidden_size 48 (not a multiple of the 64 block): bitsandbytes' CPU 4-bit path fails on such layers deep
+    inside bitsandbytes on AVX512-BF16 CPUs ("N must be divisible by block_n"). They stay unquantized, with one
+    warning naming them, and the model generates; the user's config object is unchanged."""
+    import logging
+
+    from diffusiongemma.loading.bnb import cpu_4bit_failure
+
+    model = tiny_model(tiny_config(hidden_size=48, moe_intermediate_size=24), seed=1)
+    model.save_pretrained(tmp_path)
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32)
+    with caplog.at_level(logging.WARNING, logger="diffusiongemma.loading.bnb"):
+        try:
+            quantized = DiffusionGemmaForBlockDiffusion.from_pretrained(tmp_path, quantization_config=config,
+                                                                        device_map="cpu")
+        except (RuntimeError, NotImplementedError) as err:
+            pytest.skip(f"bitsandbytes {bnb.__version__} cannot run 4-bit on this CPU: {err}")
+    assert config.llm_int8_skip_modules is None
+    fails_here = cpu_4bit_failure(48, 64, config) is not None
+    warnings = [r for r in caplog.records if "cannot run" in r.getMessage()]
+    assert len(warnings) == (1 if fails_here else 0)
+    if fails_here:
+        assert "48 -> 64" in warnings[0].getMessage() and "stay unquantized" in warnings[0].getMessage()
+    for name, module in quantized.named_modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            assert cpu_4bit_failure(module.in_features, module.out_features, config) is None, name
+    out = quantized.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=16, max_denoising_steps=2)
+    assert out.sequences.shape == (1, 19)

@@ -55,3 +55,70 @@ def test_serve_command_answers_the_openai_client(tmp_path):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(timeout=10)
+
+
+def test_bad_serve_options_are_refused_before_loading(tmp_path, capsys):
+    from conftest import tiny_model
+
+    from diffusiongemma.cli import main
+
+    bare = tmp_path / "no_tokenizer"
+    tiny_model().save_pretrained(bare)  # a model folder without tokenizer files
+    cases = [
+        (["--model", str(tmp_path / "nonexistent")], "does not exist"),
+        (["--model", str(bare)], "holds no tokenizer"),
+        (["--model", str(bare), "--tokenizer", str(tmp_path / "nope")], "--tokenizer"),
+        (["--model", str(bare), "--chat-template-kwargs", "{bad"], "not valid JSON"),
+        (["--model", str(bare), "--chat-template-kwargs", "[1]"], "must be a JSON object"),
+    ]
+    for args, message in cases:
+        assert main(["serve", *args]) == 2, args
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and "Repo id" not in err, err
+    for port in ("99999", "-1", "http"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["serve", "--model", str(bare), "--port", port])
+        assert exit_.value.code == 2 and "--port" in capsys.readouterr().err
+
+
+def test_chat_names_the_url_and_the_servers_message(capsys):
+    from diffusiongemma.cli import main
+
+    port = free_port()  # nothing listens there
+    assert main(["chat", "--url", f"http://127.0.0.1:{port}", "--prompt", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot reach the server at http://127.0.0.1:{port}" in err and "Traceback" not in err
+
+
+def test_one_ctrl_c_stops_serve_during_a_long_request(tmp_path):
+    import signal
+
+    model = write_checkpoint(tmp_path / "ckpt")
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "diffusiongemma", "serve", "--model", model, "--port", str(port), "--device", "cpu",
+         "--max-model-len", "256"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=60, max_retries=0)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                client.models.list()
+                break
+            except openai.APIConnectionError:
+                assert server.poll() is None, server.stderr.read()
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        stream = client.chat.completions.create(  # long: 14 canvases of 1000 steps
+            model=model, messages=[{"role": "user", "content": "long"}], max_tokens=224, stream=True,
+            extra_body={"stream_drafts": True, "max_denoising_steps": 1000, "confidence_threshold": 1e-9})
+        next(iter(stream))  # the request is running
+        server.send_signal(signal.SIGINT)
+        rc = server.wait(timeout=60)  # the grace period is 5 s
+        err = server.stderr.read()
+        assert rc == 130 and "Traceback" not in err, err
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(timeout=10)

@@ -95,3 +95,64 @@ def test_queue_limit(model):
         assert len(running.canvases) < 1 + 10 and scheduler.dropped >= 1
     finally:
         scheduler.shutdown()
+
+
+class ExplodingStopper:
+    """A stopper whose every call fails: stands for anything in one plan's step that raises."""
+
+    def init_state(self, batch, length, device):
+        return None
+
+    def __call__(self, argmax_canvas, entropy, state):
+        raise RuntimeError("this plan's stopper broke")
+
+
+class FailingRecorder(Recorder):
+    def fail(self, message):
+        self.failure = message
+        self.done.set()
+
+
+def test_a_failing_plan_fails_only_its_own_request(model):
+    import dataclasses
+
+    class OnePlanBreaks(ServingScheduler):
+        def _plan(self, s):
+            plan = super()._plan(s)
+            return dataclasses.replace(plan, stopper=ExplodingStopper()) if s.config.t_min == 0.125 else plan
+
+    scheduler = OnePlanBreaks(model, max_batch_size=4, max_queue=4, max_model_len=512)
+    try:
+        good_prompt = torch.arange(3, 12)
+        good, bad = Recorder(scheduler, drafts=True), FailingRecorder(scheduler)
+        scheduler.submit(Job(good_prompt, request_settings({"max_tokens": 48, "seed": 4, "max_denoising_steps": 12,
+                                                            "confidence_threshold": 1e-9}, CONFIG), good))
+        while len(good.draft_passes) < 2:  # the good request is denoising
+            time.sleep(0.001)
+        scheduler.submit(Job(torch.arange(20, 26), request_settings({"max_tokens": 16, "t_min": 0.125}, CONFIG), bad))
+        assert bad.done.wait(60) and "this plan's stopper broke" in bad.failure
+        assert good.done.wait(60)
+        expected = solo(model, good_prompt, 4, 48, max_denoising_steps=12, confidence_threshold=1e-9)
+        assert torch.equal(torch.cat(good.canvases[1:]), expected)
+    finally:
+        scheduler.shutdown()
+
+
+def test_a_request_whose_plan_cannot_be_built_fails_alone(model, monkeypatch):
+    scheduler = ServingScheduler(model, max_batch_size=2, max_queue=4, max_model_len=512)
+    try:
+        original = scheduler._plan
+
+        def plan(s):
+            if s.config.t_min == 0.125:
+                raise RuntimeError("no plan for you")
+            return original(s)
+
+        monkeypatch.setattr(scheduler, "_plan", plan)
+        bad, good = FailingRecorder(scheduler), Recorder(scheduler)
+        scheduler.submit(Job(torch.arange(3, 9), request_settings({"max_tokens": 16, "t_min": 0.125}, CONFIG), bad))
+        scheduler.submit(Job(torch.arange(3, 9), request_settings({"max_tokens": 16, "seed": 2}, CONFIG), good))
+        assert bad.done.wait(60) and "no plan for you" in bad.failure
+        assert good.done.wait(60) and torch.equal(torch.cat(good.canvases[1:]), solo(model, torch.arange(3, 9), 2, 16))
+    finally:
+        scheduler.shutdown()

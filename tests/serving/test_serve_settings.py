@@ -44,7 +44,7 @@ def test_every_field_lands():
 @pytest.mark.parametrize("field, value", [
     ("max_tokens", 0), ("max_tokens", 2.5), ("max_denoising_steps", True), ("entropy_bound", 0), ("t_min", -1),
     ("t_max", float("nan")), ("stability_threshold", -1), ("confidence_threshold", "high"), ("sampling", "greedy"),
-    ("stream_drafts", 1), ("seed", 2**64), ("stop", ""), ("stop", [1]), ("temperature", "hot"),
+    ("stream_drafts", 1), ("seed", 2**32), ("stop", ""), ("stop", [1]), ("temperature", "hot"),
 ])
 def test_a_bad_value_names_its_field(field, value):
     with pytest.raises(BadRequestField) as error:
@@ -117,3 +117,37 @@ def test_drafts_only_when_asked_and_numbered_by_canvas_and_step():
     assert drafts == [("ab??", 0, 1), ("abcd", 0, 2), ("ef", 1, 1)]  # the last draft cut to the 2 tokens left
     items, _ = collect(request_settings({"max_tokens": 6}, MODEL_CONFIG), calls)
     assert not any(isinstance(d, DraftText) for d in items)
+
+
+def test_length_errors_name_the_prompt_and_a_capped_max_model_len():
+    s = request_settings({"max_tokens": 33, "messages": []}, MODEL_CONFIG)  # 3 canvases of 16
+    with pytest.raises(BadRequestField) as error:
+        check_length(s, 50, 16, 58, requested_max_model_len=4096)  # the prompt leaves no room for one canvas
+    assert error.value.field == "messages" and "shorten the prompt" in str(error.value)
+    assert "--max-model-len 4096, capped by the model's max_position_embeddings" in str(error.value)
+    with pytest.raises(BadRequestField) as error:
+        check_length(s, 20, 16, 58, requested_max_model_len=58)
+    assert error.value.field == "max_tokens" and "at most 32 new tokens fit" in str(error.value)
+    assert "--max-model-len (58)" in str(error.value)
+    with pytest.raises(BadRequestField, match="`prompt`: the prompt is empty"):
+        check_length(request_settings({"prompt": ""}, MODEL_CONFIG), 0, 16, 58)
+    huge = request_settings({"max_tokens": 2**31 - 1}, MODEL_CONFIG)  # integer arithmetic: no float overflow
+    with pytest.raises(BadRequestField, match="`max_tokens`"):
+        check_length(huge, 5, 16, 58)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("max_denoising_steps", 1025, "at most 1024 per request"), ("max_denoising_steps", 2**31, "at most 100000"),
+    ("stability_threshold", 2**62, "at most 100000"), ("max_tokens", 10**400, "at most 2147483647"),
+    ("seed", 2**63, "CPU generator keeps 32 bits"), ("sampling", ["fast"], "must be one of"),
+])
+def test_out_of_range_values_are_refused_at_admission(field, value, message):
+    with pytest.raises(BadRequestField, match=message) as error:
+        request_settings({field: value}, MODEL_CONFIG)
+    assert error.value.field == field
+
+
+def test_a_server_default_above_the_request_bound_is_named():
+    config = DiffusionGemmaGenerationConfig(max_denoising_steps=5000, eos_token_id=1)
+    with pytest.raises(BadRequestField, match="model's generation_config"):
+        request_settings({}, config)

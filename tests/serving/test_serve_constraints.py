@@ -1,0 +1,112 @@
+"""`diffusiongemma serve` honours `response_format` (json_schema, json_object) and the extra `regex` field: answers
+through the official `openai` client validate, concurrently and streamed too, with fast and reference sampling;
+a budget that runs out gives finish_reason "length"; a bad constraint is a 400 naming its field."""
+
+import json
+import re
+import threading
+
+import jsonschema
+import pytest
+import torch
+
+openai = pytest.importorskip("openai", reason="the serve extra (openai, fastapi, uvicorn) is not installed")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from serve_checkpoint import write_checkpoint  # noqa: E402
+
+from diffusiongemma.serving.app import BackgroundServer, ServeOptions, build_app  # noqa: E402
+
+SCHEMA = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 10}, "kind": {"enum": ["town", "village"]},
+    "population": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}},
+    "required": ["city", "kind", "population"]}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA}}
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    served = build_app(ServeOptions(model=write_checkpoint(tmp_path_factory.mktemp("ckpt")), max_model_len=256,
+                                    max_batch_size=4, max_queue=16))
+    server = BackgroundServer(served.app).start()
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=60, max_retries=0)
+    yield served, client, client.models.list().data[0].id
+    server.stop()
+    served.state.shutdown()
+    torch.set_num_threads(threads)
+
+
+def chat(client, model, seed, max_tokens=96, **kwargs):
+    extra = kwargs.pop("extra_body", None)
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": f"q{seed}"}],
+                                          max_tokens=max_tokens, seed=seed, extra_body=extra, **kwargs)
+
+
+def test_json_schema_answers_validate_concurrently(live):
+    _, client, model = live
+    replies = [None] * 6
+
+    def run(i):
+        replies[i] = chat(client, model, i, response_format=FORMAT)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for reply in replies:
+        jsonschema.validate(json.loads(reply.choices[0].message.content), SCHEMA)
+        assert reply.choices[0].finish_reason == "stop"
+
+
+def test_json_object_and_reference_sampling(live):
+    _, client, model = live
+    reply = chat(client, model, 1, response_format={"type": "json_object"})
+    assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    reply = chat(client, model, 2, response_format=FORMAT, extra_body={"sampling": "reference"})
+    jsonschema.validate(json.loads(reply.choices[0].message.content), SCHEMA)
+
+
+def test_regex_streamed_and_legacy_completions(live):
+    _, client, model = live
+    chunks = list(chat(client, model, 3, max_tokens=40, stream=True, extra_body={"regex": r"[0-9]{3}-[a-z]{2,8}"}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2,8}", text), text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    reply = client.completions.create(model=model, prompt="abc", max_tokens=20, seed=4,
+                                      extra_body={"regex": r"(yes|no)!"})
+    assert reply.choices[0].text in ("yes!", "no!")
+    reply = client.completions.create(model=model, prompt="abc", max_tokens=40, seed=4,
+                                      extra_body={"response_format": FORMAT})
+    jsonschema.validate(json.loads(reply.choices[0].text), SCHEMA)
+
+
+def test_budget_ran_out_is_length(live):
+    _, client, model = live
+    reply = chat(client, model, 5, max_tokens=12, response_format=FORMAT)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.choices[0].message.content.startswith("{")
+
+
+@pytest.mark.parametrize("extra, field, message", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer",
+                                                                                         "minimum": 1}}}},
+     "response_format", "unsupported keyword 'minimum'"),
+    ({"response_format": {"type": "yaml"}}, "response_format", "`type` must be one of"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format",
+     "with a `schema` object"),
+    ({"regex": "("}, "regex", "malformed or unsupported regular expression"),
+    ({"regex": "ü+"}, "regex", "cannot spell"),
+    ({"regex": 3}, "regex", "must be a string"),
+    ({"regex": "a", "response_format": {"type": "json_object"}}, "regex", "not both"),
+    ({"regex": "a+", "stop": ["x"]}, "stop", "cannot be combined with `regex`"),
+])
+def test_bad_constraints_are_400_naming_the_field(live, extra, field, message):
+    _, client, model = live
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, model, 0, extra_body=extra)
+    error = caught.value.body
+    assert error["param"] == field and message in error["message"]

@@ -1,0 +1,108 @@
+"""diffusers' own `DiffusionGemmaPipeline` running our model (diffusers_views.py): with the same generator it gives
+the same sequences as the pipeline with transformers' built-in class loaded from the same folder, for each of
+diffusers' three schedulers, `cache_implementation=None` and "static", fp32 and bf16.
+
+"static": transformers' StaticCache keeps the last W cached tokens for sliding layers where its DynamicCache keeps
+W - 1 (spec C.10), so the built-in's own static and dynamic runs differ once the window binds; ours follows the
+dynamic (reference) semantics with either cache. The static comparison therefore uses a window the run never fills. In bf16 the built-in's static path also
+attends over its whole static buffer (masked slots included), which rounds differently from the exact key view we
+read, so bf16 + "static" agrees only up to rounding and is not compared here.
+"""
+
+import pytest
+import torch
+
+diffusers = pytest.importorskip("diffusers")
+from diffusers import (  # noqa: E402
+    BlockRefinementScheduler,
+    DiffusionGemmaPipeline,
+    DiscreteDDIMScheduler,
+    EntropyBoundScheduler,
+)
+
+from conftest import pair, tiny_config, tiny_tokenizer  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+SCHEDULERS = {
+    "block-refinement": lambda: BlockRefinementScheduler(threshold=0.9),
+    "discrete-ddim+corrector": lambda: DiscreteDDIMScheduler(corrector_steps=1, corrector_k=2),
+    "entropy-bound": lambda: EntropyBoundScheduler(),
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """(window, dtype) -> (built-in, ours) loaded from one folder the built-in class wrote."""
+    made = {}
+
+    def get(window: int, dtype: torch.dtype):
+        if (window, dtype) not in made:
+            path = tmp_path_factory.mktemp(f"pipe_{window}_{str(dtype)[6:]}")
+            made[window, dtype] = pair(path, tiny_config(sliding_window=window), dtype=dtype)
+        return made[window, dtype]
+
+    return get
+
+
+def run(model, scheduler, cache, prompt=("hello", "world"), temperature=1.0):
+    pipe = DiffusionGemmaPipeline(model=model, scheduler=scheduler, processor=tiny_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    return pipe(prompt=list(prompt), gen_length=32, num_inference_steps=4, temperature=temperature,
+                generator=torch.Generator().manual_seed(0), output_type="seq", cache_implementation=cache).sequences
+
+
+@pytest.mark.parametrize("name", SCHEDULERS)
+@pytest.mark.parametrize("cache,window,dtype", [(None, 8, torch.float32), ("static", 128, torch.float32),
+                                                (None, 8, torch.bfloat16)])
+def test_pipeline_with_our_model_equals_the_builtin(models, name, cache, window, dtype):
+    builtin, ours = models(window, dtype)
+    theirs = run(builtin, SCHEDULERS[name](), cache)
+    got = run(ours, SCHEDULERS[name](), cache)
+    assert got.shape == (2, 32) and torch.equal(got, theirs)
+
+
+def test_greedy_pipeline_and_text_output(models):
+    builtin, ours = models(8, torch.float32)
+    pipe = DiffusionGemmaPipeline(model=ours, scheduler=BlockRefinementScheduler(), processor=tiny_tokenizer())
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(prompt="hello", gen_length=16, num_inference_steps=3, generator=torch.Generator().manual_seed(1))
+    assert isinstance(out.texts[0], str)
+    assert torch.equal(run(ours, BlockRefinementScheduler(), None, temperature=0.0),
+                       run(builtin, BlockRefinementScheduler(), None, temperature=0.0))
+
+
+def test_views_hold_no_second_copy_of_the_weights(models):
+    _, ours = models(8, torch.float32)
+    encoder_view = ours.model.encoder.forward
+    mask_view = ours.model.decoder.create_diffusion_decoder_attention_mask
+    for view in (encoder_view, mask_view):  # plain objects: no module, no parameter, no buffer
+        assert not isinstance(view, torch.nn.Module)
+        assert not any(isinstance(v, torch.Tensor) for v in vars(view).values())
+    assert vars(encoder_view) == {"model": ours}  # it runs the one stack (`model.encode`)
+    before = {n: p.data_ptr() for n, p in ours.named_parameters()}
+    run(ours, BlockRefinementScheduler(), None)
+    assert {n: p.data_ptr() for n, p in ours.named_parameters()} == before
+
+
+def test_a_foreign_cache_without_our_encoder_pass_is_refused(models):
+    from transformers import DynamicCache
+
+    _, ours = models(8, torch.float32)
+    with pytest.raises(TypeError, match="BlockDiffusionCache"):
+        ours(decoder_input_ids=torch.zeros(1, 16, dtype=torch.long),
+             past_key_values=DynamicCache(config=ours.config.get_text_config(decoder=True)))
+
+
+def test_our_cache_rides_on_the_pipelines_cache(models):
+    from transformers import DynamicCache, StaticCache
+
+    from diffusiongemma.diffusers_views import our_cache
+
+    _, ours = models(8, torch.float32)
+    text = ours.config.get_text_config(decoder=True)
+    static = StaticCache(config=text, max_cache_len=50)
+    mine = our_cache(ours, static)
+    assert our_cache(ours, static) is mine and mine.capacity == 50  # reserved once, to the static length
+    dynamic = DynamicCache(config=text)
+    ours.model.encoder(input_ids=torch.arange(3, 10)[None], past_key_values=dynamic)
+    assert dynamic.get_seq_length() == 7 == our_cache(ours, dynamic).length  # what the pipeline reads to slice
