@@ -137,7 +137,8 @@ class Stub(BaseHTTPRequestHandler):
         self._send(json.dumps({"object": "list", "data": [{"id": "stub"}]}).encode())
 
     def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).bodies.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
+        type(self).auth.append(self.headers.get("Authorization"))
         reply = type(self).reply
         self._send(reply if isinstance(reply, bytes) else json.dumps(reply).encode())
 
@@ -154,7 +155,7 @@ class Stub(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def stub():
-    handler = type("StubHandler", (Stub,), {})
+    handler = type("StubHandler", (Stub,), {"bodies": [], "auth": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -183,7 +184,10 @@ def test_returned_token_ids_are_used_instead_of_the_text(served, stub, capsys):
     model, prompts = served["paths"]["sudoku"], served["puzzles"]
     handler, url = stub
     handler.reply = {"choices": [{"text": "not these", "token_ids": [4, 5, 6], "finish_reason": "stop"}]}
-    code, summary = compare(model, url, prompts, capsys)
+    code, summary = compare(model, url, prompts, capsys, "--api-key", "sekrit", "--seed", "7")
+    assert handler.auth == ["Bearer sekrit"] * 6
+    assert [b["seed"] for b in handler.bodies] == [7, 8, 9] * 2 and {b["model"] for b in handler.bodies} == {"stub"}
+    assert {b["max_tokens"] for b in handler.bodies} == {82} and "prompt" in handler.bodies[0]
     assert summary["tokens_from"] == "token_ids"
     assert summary["text_id_mismatches"] == list(range(6))  # "not these" is not ids 4, 5, 6
     assert {a["tokens"] for a in summary["answers"]["engine"]} == {4}  # 3 ids + EOS (it stopped)
