@@ -84,8 +84,9 @@ def mixed_distribution(ours_logits: torch.Tensor, ids: torch.Tensor, rec_logprob
     factor = torch.where(has_tail, rest_rec / rest_ours.clamp(min=1e-30), torch.zeros_like(rest_ours))
     V, k = q.shape[-1], ids.shape[-1]
     even = torch.where(has_tail | (rest_rec == 0), torch.zeros_like(rest_rec), rest_rec / max(V - k, 1))
-    probs = (q.double() * factor[..., None] + even[..., None]).scatter(-1, ids, p_rec)
-    return probs.float(), has_tail | (rest_rec == 0)
+    # fp32 [B, L, V] (no fp64 copy of the whole vocabulary: 1 GiB per row at L = 256, V = 262144)
+    probs = (q * factor.float()[..., None] + even.float()[..., None]).scatter_(-1, ids, p_rec.float())
+    return probs, has_tail | (rest_rec == 0)
 
 
 class SelfConditioningRebuild:
