@@ -2,6 +2,7 @@
 
     diffusiongemma trace --model PATH (--prompt TEXT | --prompts FILE) --out DIR [--seed S] [--top-k K] ...
     diffusiongemma compare --model PATH --trace DIR [--json] [--min-top1 X] [--max-kl X]     exit 0 / 1 / 2
+    diffusiongemma compare --model PATH --engine-url URL --prompts FILE [--chat] [--samples N] ...  exit 0 / 1 / 2
     diffusiongemma golden --model PATH --prompts FILE --out FILE.jsonl [--seed S]
     diffusiongemma golden --check FILE.jsonl --model PATH [--seed S]                         exit 0 / 1
 """
@@ -104,11 +105,14 @@ def add_accuracy_commands(subparsers) -> None:
                               description="At every recorded step, feed the trace's prefix, canvas and "
                                           "self-conditioning state to our decoder and compare distributions.")
     _model_args(p)
-    p.add_argument("--trace", required=True, help="trace folder (manifest.json + trace.safetensors)")
+    p.add_argument("--trace", default=None, help="trace folder (manifest.json + trace.safetensors); or --engine-url")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--min-top1", type=_fraction, default=None,
                    help="least top-1 agreement per step (default 0.99; minimal traces: none)")
     p.add_argument("--max-kl", type=_non_negative, default=None, help="largest mean KL per step (default 0.01)")
+    from .engine_compare import add_engine_arguments
+
+    add_engine_arguments(p)
     p.set_defaults(func=run_compare)
 
     p = subparsers.add_parser("golden", help="write golden outputs for another engine's CI, or --check them",
@@ -171,6 +175,14 @@ def run_trace(args) -> int:
 
 
 def run_compare(args) -> int:
+    if args.engine_url is not None:
+        from .engine_compare import run_engine_compare
+
+        return run_engine_compare(args, _load)
+    if args.trace is None:
+        print("error: compare needs --trace DIR (a recorded trace) or --engine-url URL (a running server)",
+              file=sys.stderr)
+        return 2
     from .format import TraceFormatError, load_trace
     from .replay import replay
     from .report import DEFAULT_MAX_KL, DEFAULT_MIN_TOP1, format_table, summarize
@@ -184,6 +196,10 @@ def run_compare(args) -> int:
     if trace.manifest.get("logits_processors"):
         print(f"warning: the trace was made with logits processors {trace.manifest['logits_processors']}, which "
               "the replay does not apply: expect differences where they changed the logits", file=sys.stderr)
+    recorded_window = trace.manifest.get("decoder_window")
+    if recorded_window is not None and recorded_window != args.decoder_window:
+        print(f"warning: the trace was recorded with decoder_window {recorded_window!r}, the replay uses "
+              f"{args.decoder_window!r} (--decoder-window)", file=sys.stderr)
     try:
         scores = replay(model, trace)
     except TraceFormatError as e:

@@ -8,7 +8,7 @@ Legend: R records, B batch, P prompt, L canvas length, V vocab, H hidden, k top-
 """
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -19,6 +19,7 @@ from ..generation.stopping import StableAndConfidentStopper
 from ..sampler_configs import EntropyBoundSamplerConfig, sampler_config_class
 from ..modeling.masks import PaddingSlots
 from .format import Trace
+from .selfcond import SelfConditioningRebuild, soft_from_top_k  # noqa: F401  (soft_from_top_k: API)
 
 
 @dataclass
@@ -29,7 +30,8 @@ class StepScore:
     KL(recorded || ours) on the recorded top-k plus one bucket for the rest of the vocabulary (a lower bound of the
     full KL; exact when k = V). kl_max: its largest position. max_dlogprob: max |recorded - our log-prob| over the
     recorded top-k ids. accepted: fraction of positions where our entropy-bound acceptance agrees. stop: fraction of
-    rows whose stopping decision agrees. mean_entropy: our mean entropy (nats).
+    rows whose stopping decision agrees. mean_entropy: our mean entropy (nats). sc_record / sc_ours / sc_spread /
+    sc_matched: where this step's self-conditioning input came from (`selfcond.SourceShares`; NaN: none).
     """
 
     canvas: int
@@ -42,29 +44,14 @@ class StepScore:
     accepted: float
     stop: float
     mean_entropy: float
+    sc_record: float = math.nan
+    sc_ours: float = math.nan
+    sc_spread: float = math.nan
+    sc_matched: float = math.nan
 
     def as_dict(self) -> dict:
         """The fields, with NaN (not measured) as None so the JSON output is strict JSON."""
         return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(self).items()}
-
-
-def soft_from_top_k(stack, ids: torch.Tensor, logprobs: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
-    """The self-conditioning input [B, L, H] from a top-k record: ids [B, L, k], log-probs [B, L, k], present [B].
-
-    softmax(logits) @ Emb * scale (spec C.9) with the k recorded probabilities exact and the remaining mass spread
-    evenly over the other V - k tokens (exact when k = V). Rows not present get zeros, which gives no
-    self-conditioning, like the first step.
-    """
-    weight = stack.embed_tokens.weight  # [V, H]
-    V, k = weight.shape[0], ids.shape[-1]
-    p = logprobs.double().exp()  # [B, L, k]
-    rows = weight[ids.long()].double()  # [B, L, k, H]
-    top = (p[..., None] * rows).sum(dim=-2)  # [B, L, H]
-    if k < V:
-        tail = (1 - p.sum(dim=-1, keepdim=True)).clamp(min=0) / (V - k)  # [B, L, 1]
-        top = top + tail * (weight.double().sum(dim=0) - rows.sum(dim=-2))
-    soft = (top.to(weight.dtype) * stack.embed_tokens.scale()) * present.to(weight.dtype)[:, None, None]
-    return soft
 
 
 def coarse_kl(rec_logprobs: torch.Tensor, our_logprobs: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -81,24 +68,6 @@ def coarse_kl(rec_logprobs: torch.Tensor, our_logprobs: torch.Tensor, vocab_size
         q_rest = (1 - our.exp().sum(dim=-1)).clamp(min=1e-9)
         kl = kl + p_rest * (p_rest.log() - q_rest.log())
     return kl.clamp(min=0)
-
-
-def self_conditioning_input(stack, t: dict, r: int) -> torch.Tensor | None:
-    """The decoder's self-conditioning input [B, L, H] at record r: the recorded `sc_embedding` when the trace has
-    it (exact), else rebuilt from the top-k (`soft_from_top_k`); None when no row has one."""
-    present = t["sc_present"][r]  # [B]
-    if not bool(present.any()):
-        return None
-    weight = stack.embed_tokens.weight
-    if "sc_embedding" in t:
-        soft = t["sc_embedding"][r]  # [B, L, H]
-        if soft.shape[-1] != weight.shape[1]:
-            from .format import TraceFormatError
-
-            raise TraceFormatError(f"tensor `sc_embedding` has H = {soft.shape[-1]}, the model's hidden size is "
-                                   f"{weight.shape[1]}")
-        return soft.to(weight.dtype) * present.to(weight.dtype)[:, None, None]
-    return soft_from_top_k(stack, t["sc_ids"][r], t["sc_logprobs"][r], present)
 
 
 def generation_setting(trace: Trace, model, name: str):
@@ -197,6 +166,7 @@ def replay_full(model, trace: Trace) -> list[StepScore]:
     stack = model.get_decoder()
     plan = replay_plan(model, trace)
     B, P = t["sequences"].shape[0], trace.prompt_length
+    rebuild = SelfConditioningRebuild(stack, B)
     scores = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         for c in range(trace.num_canvases):
@@ -206,8 +176,9 @@ def replay_full(model, trace: Trace) -> list[StepScore]:
             cache = prefix.ready_for(c)
             state = plan.stopper.init_state(B, trace.canvas_length, device)
             sampler_state = init_sampler_state(plan.sampler, B, trace.canvas_length, device)
+            rebuild.begin_canvas()
             for r in records:
-                soft = self_conditioning_input(stack, t, r)
+                soft, shares = rebuild.input(t, r)
                 canvas = t["input_canvas"][r].long()
                 n = int(t["steps_remaining"][r])
                 step_plan = Plan(plan.sampler, plan.stopper, plan.max_steps,
@@ -221,7 +192,9 @@ def replay_full(model, trace: Trace) -> list[StepScore]:
                     if plan.sampler.per_row else None, stop_state=state, sampler_state=sampler_state,
                 ), keep_logits=True)
                 state, sampler_state = out.stop_state, out.sampler_state
-                scores.append(score_step(t, r, c, out))
+                rebuild.update(t, r, out)
+                scores.append(replace(score_step(t, r, c, out), sc_record=shares.record, sc_ours=shares.ours,
+                                      sc_spread=shares.spread, sc_matched=shares.matched))
     return scores
 
 

@@ -67,7 +67,8 @@ def format_table(summary: dict) -> str:
             lines.append(f"{s['canvas']:>6}{bad} {s['rows']:>4}  {_num(s['top1'], 12, 4)}  "
                          f"{_num(s['mean_entropy'], 12, 4)}")
     else:
-        lines.append("canvas  step  rows    top1        KL    KL-max  max|dlogp|  accept    stop  entropy")
+        lines.append("canvas  step  rows    top1        KL    KL-max  max|dlogp|  accept    stop  entropy  sc-rec"
+                     "  sc-ours  sc-same")
         for s in summary["steps"]:
             failing = s["rows"] and ((th["min_top1"] is not None and s["top1"] < th["min_top1"])
                                      or (th["max_kl"] is not None and s["kl"] > th["max_kl"]))
@@ -75,7 +76,12 @@ def format_table(summary: dict) -> str:
                 f"{s['canvas']:>6}{'!' if failing else ' '}{s['step']:>5}  {s['rows']:>4}  {_num(s['top1'], 6, 4)}  "
                 f"{_num(s['kl'], 8, 1, True)}  {_num(s['kl_max'], 8, 1, True)}  {_num(s['max_dlogprob'], 10, 2, True)}"
                 f"  {_num(s['accepted'], 6, 3)}  {_num(s['stop'], 6, 3)}  {_num(s['mean_entropy'], 7, 3)}"
+                f"  {_num(s.get('sc_record'), 6, 3)}  {_num(s.get('sc_ours'), 7, 3)}  {_num(s.get('sc_matched'), 7, 3)}"
             )
+    if not minimal:
+        lines.append("sc-rec / sc-ours: share of each step's self-conditioning mass from the record's top-k / from our "
+                     "previous step; sc-same: share of positions where the record equals our previous step (our own "
+                     "input fed)")
     w = summary["worst_step"]
     if w is not None:
         where = f"canvas {w['canvas']}" + ("" if w["step"] < 0 else f", step {w['step']}")

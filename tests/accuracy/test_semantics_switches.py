@@ -118,7 +118,9 @@ def test_compare_names_the_window_switch_that_removes_a_divergence(saved_pair, t
         model.get_decoder().decoder_window = "reference"
     assert out.trace.manifest["decoder_window"] == "symmetric"
     out.trace.save(tmp_path / "t")
+    capsys.readouterr()
     assert main(["compare", "--model", str(path), "--trace", str(tmp_path / "t")]) == 1
+    assert "recorded with decoder_window 'symmetric', the replay uses 'reference'" in capsys.readouterr().err
     assert main(["compare", "--model", str(path), "--trace", str(tmp_path / "t"), "--decoder-window",
                  "symmetric"]) == 0
     assert "PASS" in capsys.readouterr().out
