@@ -132,3 +132,18 @@ def test_invariant_with_other_attention_backends(attn, monkeypatch):
     for solo_tokens, solo_steps, tokens, steps in run_case(model, log, random.Random(11), True, rows=3):
         assert bit_equal(steps, solo_steps)
         assert torch.equal(tokens, solo_tokens)
+
+
+@pytest.mark.parametrize("config_name", ["BlockRefinementSamplerConfig", "ConfidenceThresholdSamplerConfig",
+                                         "DiscreteDDIMSamplerConfig"])
+def test_invariant_holds_for_the_other_per_row_samplers(config_name, monkeypatch):
+    """The commit-style samplers carry per-row state through the pool (`sampler_state`): still every bit."""
+    import diffusiongemma
+
+    rng = random.Random(3)
+    model = tiny_model(tiny_config(**CONFIGS[1]), seed=1)
+    model.generation_config.sampler_config = getattr(diffusiongemma, config_name)()
+    log = StepLog(monkeypatch)
+    for solo_tokens, solo_steps, tokens, steps in run_case(model, log, rng, True, rows=3):
+        assert bit_equal(steps, solo_steps)
+        assert torch.equal(tokens, solo_tokens)
