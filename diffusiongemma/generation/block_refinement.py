@@ -14,8 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .commit import commit, descending_ranks, draft, fresh_commits
-from .draws import random_tokens
+from .commit import CommitSampler, commit, descending_ranks, draft
 from .entropy_bound import SoftEmbed, StepOutput
 
 
@@ -74,7 +73,7 @@ def quota_commits(committed: torch.Tensor, confidence: torch.Tensor, step: list[
     return ~committed & ((ranks < owed[:, None]) | (confidence > threshold))
 
 
-class BlockRefinementSampler:
+class BlockRefinementSampler(CommitSampler):
     """Block refinement drawing from one generator per row (row b equals diffusers' scheduler run on row b alone with
     generators[b]). Per step and row: L draws (unless greedy), then L noise tokens.
 
@@ -87,15 +86,9 @@ class BlockRefinementSampler:
         self.threshold, self.editing_threshold, self.greedy = config.threshold, config.editing_threshold, config.greedy
         self.vocab_size, self.max_steps = context.vocab_size, context.max_steps
 
-    def init_canvas(self, batch: int, length: int, device: torch.device, generators) -> torch.Tensor:
-        return random_tokens(self.vocab_size, (batch, length), device, generators)  # RNG: canvas init
-
-    def init_state(self, batch: int, length: int, device: torch.device) -> torch.Tensor:
-        return fresh_commits(batch, length, device)
-
     def step(self, logits: torch.Tensor, canvas: torch.Tensor, temperature, step, generators,
              soft_embed: SoftEmbed | None = None, state: torch.Tensor | None = None) -> StepOutput:
-        committed = state if state is not None else fresh_commits(*canvas.shape, canvas.device)
+        committed = self.committed(state, canvas)
         d = draft(logits, self.greedy, generators, soft_embed)  # RNG: the draft
         new = quota_commits(committed, d.confidence, list(step), self.max_steps, self.threshold)
         edits = None

@@ -73,3 +73,22 @@ def descending_ranks(confidence: torch.Tensor) -> torch.Tensor:
     order = torch.sort(confidence, dim=-1, descending=True).indices  # [B, L]
     positions = torch.arange(confidence.shape[-1], device=confidence.device).expand_as(order)
     return torch.empty_like(order).scatter_(-1, order, positions)
+
+
+class CommitSampler:
+    """The part of a commit-style sampler that is the same for all of them: a uniform noise canvas to start from, a
+    fresh committed mask per canvas, and that mask taken back from the engine each step (`state`). Subclasses set
+    `vocab_size` and write `step`."""
+
+    vocab_size: int
+
+    def init_canvas(self, batch: int, length: int, device: torch.device, generators) -> torch.Tensor:
+        return random_tokens(self.vocab_size, (batch, length), device, generators)  # RNG: canvas init
+
+    def init_state(self, batch: int, length: int, device: torch.device) -> torch.Tensor:
+        return fresh_commits(batch, length, device)
+
+    @staticmethod
+    def committed(state: torch.Tensor | None, canvas: torch.Tensor) -> torch.Tensor:
+        """The committed mask [B, L] the step starts from: the engine's state, or a fresh one without it."""
+        return state if state is not None else fresh_commits(*canvas.shape, canvas.device)

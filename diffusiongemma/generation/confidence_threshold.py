@@ -15,8 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .block_refinement import check_bool, check_probability
-from .commit import commit, descending_ranks, draft, fresh_commits
-from .draws import random_tokens
+from .commit import CommitSampler, commit, descending_ranks, draft
 from .entropy_bound import SoftEmbed, StepOutput
 
 
@@ -65,7 +64,7 @@ def threshold_commits(committed: torch.Tensor, confidence: torch.Tensor, thresho
     return free & (passes | (ranks == 0))
 
 
-class ConfidenceThresholdSampler:
+class ConfidenceThresholdSampler(CommitSampler):
     """Confidence threshold drawing from one generator per row: per step and row L draws (unless greedy), then L
     noise tokens. `accepted` and `state` are the committed mask after the step."""
 
@@ -75,15 +74,9 @@ class ConfidenceThresholdSampler:
         self.threshold, self.factor, self.greedy = config.threshold, config.factor, config.greedy
         self.vocab_size = context.vocab_size
 
-    def init_canvas(self, batch: int, length: int, device: torch.device, generators) -> torch.Tensor:
-        return random_tokens(self.vocab_size, (batch, length), device, generators)  # RNG: canvas init
-
-    def init_state(self, batch: int, length: int, device: torch.device) -> torch.Tensor:
-        return fresh_commits(batch, length, device)
-
     def step(self, logits: torch.Tensor, canvas: torch.Tensor, temperature, step, generators,
              soft_embed: SoftEmbed | None = None, state: torch.Tensor | None = None) -> StepOutput:
-        committed = state if state is not None else fresh_commits(*canvas.shape, canvas.device)
+        committed = self.committed(state, canvas)
         d = draft(logits, self.greedy, generators, soft_embed)  # RNG: the draft
         new = threshold_commits(committed, d.confidence, self.threshold, self.factor)
         canvas, committed = commit(canvas, committed, d.tokens, new, None, self.vocab_size, generators)  # RNG
