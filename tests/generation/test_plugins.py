@@ -4,12 +4,12 @@ through generation_config.json; per-position processors see the same rows in eve
 
 import pathlib
 import re
-import threading
 
 import pytest
 import torch
 
 from conftest import tiny_model
+from job_recorder import JobRecorder
 
 import diffusiongemma
 from diffusiongemma import DiffusionGemmaGenerationConfig
@@ -74,26 +74,6 @@ def test_doc_sampler_config_round_trips(tmp_path):
         DiffusionGemmaGenerationConfig(sampler_config={"_cls_name": "NoSuchConfig", "x": 1})
 
 
-class Recorder:
-    def __init__(self):
-        self.canvases, self.step, self.drafts, self.abandoned = [], 0, False, False
-        self.done = threading.Event()
-        self.error = None
-
-    def put(self, value):
-        self.canvases.append(value.reshape(-1))
-
-    def put_draft(self, value=None, logits=None):
-        pass
-
-    def end(self):
-        self.done.set()
-
-    def fail(self, message):
-        self.error = message
-        self.done.set()
-
-
 class BanEvenTokensAfterOffset:
     """A per-position processor: bans even token ids in row positions >= 40 (absolute), using `position_offsets`."""
 
@@ -107,7 +87,7 @@ class BanEvenTokensAfterOffset:
 def served(model, prompt, settings, processors):
     scheduler = ServingScheduler(model, max_batch_size=2, max_queue=4, max_model_len=256, logits_processor=processors)
     try:
-        rec = Recorder()
+        rec = JobRecorder()
         scheduler.submit(Job(prompt, settings, rec))
         assert rec.done.wait(60) and rec.error is None, rec.error
         return torch.cat(rec.canvases[1:])

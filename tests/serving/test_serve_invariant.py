@@ -3,13 +3,13 @@ different prompt lengths, samplers and settings (so partners are in prefill, com
 each get hidden states, step outputs and tokens bit-identical to `generate(..., batch_invariant=True)` run alone."""
 
 import random
-import threading
 import time
 
 import pytest
 import torch
 
 from conftest import tiny_config, tiny_model
+from job_recorder import JobRecorder
 
 from diffusiongemma import DiffusionGemmaGenerationConfig
 from diffusiongemma.serving.scheduler import Job, ServingScheduler
@@ -20,26 +20,6 @@ from invariant_helpers import CONFIGS, StepLog, bit_equal
 pytestmark = pytest.mark.usefixtures("one_thread")
 CONFIG = DiffusionGemmaGenerationConfig(eos_token_id=1, pad_token_id=0, max_denoising_steps=4, stability_threshold=0,
                                         confidence_threshold=0.8)
-
-
-class Recorder:
-    def __init__(self):
-        self.canvases, self.step, self.abandoned, self.drafts = [], 0, False, False
-        self.done = threading.Event()
-        self.error = None
-
-    def put(self, value):
-        self.canvases.append(value.reshape(-1))
-
-    def put_draft(self, value=None, logits=None):
-        pass
-
-    def end(self):
-        self.done.set()
-
-    def fail(self, message):
-        self.error = message
-        self.done.set()
 
 
 def random_body(rng: random.Random) -> dict:
@@ -54,7 +34,7 @@ def random_body(rng: random.Random) -> dict:
 
 def serve_and_compare(model, rng: random.Random, batch_invariant: bool, requests: int):
     """Submit `requests` random requests, each once the scheduler ran a random number of passes; returns per request
-    (prompt, settings, wait), its `Recorder`, and the most rows that shared a pass."""
+    (prompt, settings, wait), its `JobRecorder`, and the most rows that shared a pass."""
     V = model.config.text_config.vocab_size
     jobs = []
     for _ in range(requests):
@@ -70,7 +50,7 @@ def serve_and_compare(model, rng: random.Random, batch_invariant: bool, requests
             while scheduler.passes < target and scheduler.active_rows and time.monotonic() < deadline:
                 time.sleep(0.0005)
             start = scheduler.passes
-            recorders.append(Recorder())
+            recorders.append(JobRecorder())
             scheduler.submit(Job(prompt, settings, recorders[-1]))
         for r in recorders:
             assert r.done.wait(120) and r.error is None, r.error

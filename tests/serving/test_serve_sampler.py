@@ -2,12 +2,12 @@
 (a bad field is named), on the scheduler (a served row equals `generate` alone) and over HTTP with the `openai`
 client (the reply equals `generate`; a bad setting is a 400 naming it)."""
 
-import threading
 
 import pytest
 import torch
 
 from conftest import tiny_model
+from job_recorder import JobRecorder
 
 from diffusiongemma import (
     BlockRefinementSamplerConfig,
@@ -68,25 +68,6 @@ def test_every_sampler_setting_is_an_accepted_body_field():
     assert {"sampler", *SAMPLER_FIELDS} <= declared
 
 
-class Recorder:
-    def __init__(self):
-        self.canvases, self.step, self.drafts, self.abandoned = [], 0, False, False
-        self.done, self.error = threading.Event(), None
-
-    def put(self, value):
-        self.canvases.append(value.reshape(-1))
-
-    def put_draft(self, value=None, logits=None):
-        pass
-
-    def end(self):
-        self.done.set()
-
-    def fail(self, message):
-        self.error = message
-        self.done.set()
-
-
 @pytest.mark.parametrize("body,config", [
     ({"sampler": "block-refinement", "threshold": 0.6}, BlockRefinementSamplerConfig(threshold=0.6)),
     ({"sampler": "discrete-ddim", "corrector_steps": 1}, DiscreteDDIMSamplerConfig(corrector_steps=1)),
@@ -97,7 +78,7 @@ def test_a_served_request_equals_generate_alone(body, config):
     settings = request_settings({"max_tokens": 32, "seed": 3, "max_denoising_steps": 6, **body}, BASE)
     scheduler = ServingScheduler(model, max_batch_size=2, max_queue=4, max_model_len=256)
     try:
-        rec = Recorder()
+        rec = JobRecorder()
         scheduler.submit(Job(prompt, settings, rec))
         assert rec.done.wait(60) and rec.error is None, rec.error
         got = torch.cat(rec.canvases[1:])
