@@ -31,15 +31,27 @@ PUZZLE_SEED = 10_000  # as benchmarks/sudoku_showcase.py: fresh puzzles
 GRID = [
     ("entropy-bound", EntropyBoundSamplerConfig(entropy_bound=0.05)),
     ("entropy-bound", EntropyBoundSamplerConfig(entropy_bound=0.1)),  # the shipped Sudoku setting
+    ("entropy-bound", EntropyBoundSamplerConfig(entropy_bound=0.2)),
     ("entropy-bound", EntropyBoundSamplerConfig(entropy_bound=0.5)),
+    ("entropy-bound", EntropyBoundSamplerConfig(entropy_bound=1.0)),
     ("block-refinement", BlockRefinementSamplerConfig(threshold=0.95)),
+    ("block-refinement", BlockRefinementSamplerConfig(threshold=0.9)),
     ("block-refinement", BlockRefinementSamplerConfig(threshold=0.7)),
+    ("block-refinement", BlockRefinementSamplerConfig(threshold=0.5)),
     ("block-refinement", BlockRefinementSamplerConfig(threshold=0.95, greedy=True)),
+    ("block-refinement", BlockRefinementSamplerConfig(threshold=0.7, greedy=True)),
+    ("block-refinement", BlockRefinementSamplerConfig(threshold=0.9, editing_threshold=0.95)),
+    ("confidence-threshold", ConfidenceThresholdSamplerConfig(threshold=0.95)),
     ("confidence-threshold", ConfidenceThresholdSamplerConfig(threshold=0.9)),
+    ("confidence-threshold", ConfidenceThresholdSamplerConfig(threshold=0.7)),
     ("confidence-threshold", ConfidenceThresholdSamplerConfig(threshold=0.5)),
+    ("confidence-threshold", ConfidenceThresholdSamplerConfig(factor=0.5)),
     ("confidence-threshold", ConfidenceThresholdSamplerConfig(factor=1.0)),
+    ("confidence-threshold", ConfidenceThresholdSamplerConfig(factor=2.0)),
     ("discrete-ddim", DiscreteDDIMSamplerConfig()),
+    ("discrete-ddim", DiscreteDDIMSamplerConfig(greedy=True)),
     ("discrete-ddim", DiscreteDDIMSamplerConfig(corrector_steps=1, corrector_k=4)),
+    ("discrete-ddim", DiscreteDDIMSamplerConfig(corrector_steps=2, corrector_k=8)),
 ]
 
 

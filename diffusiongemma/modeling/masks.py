@@ -330,6 +330,7 @@ def build_row_masks(
     device: torch.device,
     backend: str = "sdpa",
     vision_groups: torch.Tensor | None = None,
+    window: str = "reference",
 ) -> dict[str, LayerMask]:
     """Masks for a mixed-phase pass (`RowCache`): row b writes its q_len_b tokens at slots [S_b, S_b + q_len_b).
 
@@ -347,7 +348,10 @@ def build_row_masks(
         num_q: T, the query length of the pass (the longest row).
         vision_groups: [B, T] image of each row's token (-1 text; only prefill rows have images): an encoder row's
             tokens of one image also see each other, as in `build_encoder_masks`.
+        window: the denoising rows' sliding-layer semantics, as `build_decoder_masks` ("symmetric": |q - k| <= W-1).
     """
+    if window not in DECODER_WINDOWS:
+        raise ValueError(f"decoder window must be one of {DECODER_WINDOWS}, got {window!r}")
     first_start, last_start = start_range
     out = {}
     for layer_type, shape in shapes.items():
@@ -373,6 +377,9 @@ def build_row_masks(
                 encoder = torch.ones_like(visible)
             if overlay is not None:
                 encoder = encoder | overlay(b, h, q, kv)
+            if window == "symmetric" and shape.is_sliding:  # a denoising row then also keeps |q - k| <= W-1
+                decoder = (q_slot - kv_slot).abs() < shape.sliding_window
+                return visible & torch.where(encoder_rows[b], encoder, decoder)
             return visible & (encoder | ~encoder_rows[b])
 
         out[layer_type] = LayerMask(kv0, kv1, materialize(mod, len(starts), num_q, kv1 - kv0, device, backend))

@@ -244,7 +244,7 @@ class DiffusionGemmaTextStack(nn.Module):
         encoder = device_tensor(encoder_rows, torch.bool, device)  # [n]
         masks = build_row_masks(self.type_shapes, starts, (first_start, last_start),
                                 device_tensor(q_lens, torch.long, device), encoder, T, self.causal_encoder, device,
-                                backend, images.groups if images is not None else None)
+                                backend, images.groups if images is not None else None, self.decoder_window)
         ctx = PassContext(self._rope(positions, x.dtype), masks, cache, False, backend)
         pick = encoder[:, None, None]
         scalars = [torch.where(pick, enc, layer.layer_scalar) for enc, layer in zip(encoder_scalars, self.layers)]

@@ -124,3 +124,29 @@ def test_compare_names_the_window_switch_that_removes_a_divergence(saved_pair, t
     assert main(["compare", "--model", str(path), "--trace", str(tmp_path / "t"), "--decoder-window",
                  "symmetric"]) == 0
     assert "PASS" in capsys.readouterr().out
+
+
+def test_symmetric_window_is_the_same_switch_in_every_batching(one_sliding_layer_model, one_thread):
+    """The row pool (mixed batching, the server's) and batch-invariant rows apply the switch exactly as lock-step:
+    same tokens under "symmetric", and those differ from the reference window's (the prompt is longer than W)."""
+    model = one_sliding_layer_model
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)  # sharp: a changed window changes tokens, not just logits
+    ids = torch.randint(4, 128, (3, P), generator=torch.Generator().manual_seed(5))
+    kw = dict(max_new_tokens=2 * L, max_denoising_steps=4, sampling="fast", seed=7, eos_token_id=None)
+    runs = {}
+    stack = model.get_decoder()
+    try:
+        for window in ("reference", "symmetric"):
+            stack.decoder_window = window
+            for batching in ("lockstep", "mixed", "invariant"):
+                extra = {"batch_invariant": True} if batching == "invariant" else {"batching": batching}
+                runs[window, batching] = model.generate(ids, **kw, **extra).sequences
+    finally:
+        stack.decoder_window = "reference"
+        with torch.no_grad():
+            model.lm_head.weight.div_(30)
+    for window in ("reference", "symmetric"):
+        assert torch.equal(runs[window, "lockstep"], runs[window, "mixed"]), window
+        assert torch.equal(runs[window, "lockstep"], runs[window, "invariant"]), window
+    assert not torch.equal(runs["reference", "mixed"], runs["symmetric", "mixed"])
