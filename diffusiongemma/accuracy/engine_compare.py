@@ -21,32 +21,16 @@ Legend: P prompt length, L canvas length, C canvases of an answer, V vocab.
 import json
 import math
 import sys
-import urllib.error
-import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .engine_client import Answer, EngineError, declared_window, engine_answers
+from .engine_logprobs import compare_reported, ids_of_tokens
 from .stats import stratified_test
 
 ALPHA = 0.001  # one-sided false-alarm probability of the t-test for an agreeing engine
 MARGIN = 0.02  # nats per token: differences below this are rounding (bf16 engines), never a failure
-TIMEOUT_S = 120.0
-
-
-class EngineError(RuntimeError):
-    """The server could not be asked, or its answer is malformed; the message names the request and the field."""
-
-
-@dataclass
-class Answer:
-    """One answer to prompt `prompt` (sample `sample`), from the engine or the reference."""
-
-    prompt: int
-    sample: int
-    text: str
-    token_ids: list[int] | None  # the ids, when the server returned them (vLLM's `token_ids`)
-    finish_reason: str | None
 
 
 @dataclass
@@ -60,6 +44,7 @@ class AnswerScore:
     canvases: int
     mean_logprob: float
     argmax_agree: float
+    token_logprobs: list[float] = field(default_factory=list, repr=False)  # per scored token (not in the JSON)
 
 
 def add_engine_arguments(p) -> None:
@@ -76,74 +61,10 @@ def add_engine_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="--engine-url: seed of sample s is seed + s (default 0)")
     p.add_argument("--served-model", default=None, help="--engine-url: model name to request (default: the first "
                                                         "of the server's /models)")
-
-
-def http_json(url: str, body: dict | None, api_key: str | None, timeout: float = TIMEOUT_S) -> dict:
-    """GET (body None) or POST JSON -> the decoded JSON object; EngineError naming the URL on any failure."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST")
-    request.add_header("Content-Type", "application/json")
-    if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            raw = response.read()
-    except urllib.error.HTTPError as e:
-        detail = e.read().decode(errors="replace")[:300]
-        raise EngineError(f"{url} answered HTTP {e.code}: {detail}") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise EngineError(f"cannot reach {url}: {getattr(e, 'reason', e)}") from None
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise EngineError(f"{url} answered with something that is not JSON ({e}): {raw[:200]!r}") from None
-    if not isinstance(value, dict):
-        raise EngineError(f"{url} answered with JSON that is not an object: {raw[:200]!r}")
-    return value
-
-
-def served_model(base: str, api_key: str | None) -> str:
-    """The first model id of `GET {base}/models`."""
-    listing = http_json(f"{base}/models", None, api_key)
-    data = listing.get("data")
-    if not isinstance(data, list) or not data or not isinstance(data[0], dict) or not isinstance(data[0].get("id"),
-                                                                                                  str):
-        raise EngineError(f"{base}/models: no `data[0].id` in {json.dumps(listing)[:200]}")
-    return data[0]["id"]
-
-
-def parse_answer(reply: dict, url: str, chat: bool, prompt: int, sample: int) -> Answer:
-    """The first choice of a (chat) completion reply; EngineError naming the missing or mistyped field."""
-    where = f"{url} (prompt {prompt}, sample {sample})"
-    choices = reply.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise EngineError(f"{where}: the reply has no `choices[0]`: {json.dumps(reply)[:200]}")
-    choice = choices[0]
-    if chat:
-        message = choice.get("message")
-        text = message.get("content") if isinstance(message, dict) else None
-        field = "choices[0].message.content"
-    else:
-        text, field = choice.get("text"), "choices[0].text"
-    if not isinstance(text, str):
-        raise EngineError(f"{where}: `{field}` is missing or not a string: {json.dumps(choice)[:200]}")
-    ids = choice.get("token_ids")
-    if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
-        raise EngineError(f"{where}: `choices[0].token_ids` is not a list of integers")
-    return Answer(prompt, sample, text, ids, choice.get("finish_reason"))
-
-
-def engine_answers(base: str, model_name: str, prompts: list[str], samples: int, max_tokens: int, chat: bool,
-                   api_key: str | None, seed: int) -> list[Answer]:
-    """`samples` answers per prompt from the server, sample s asked with seed `seed + s`."""
-    url = f"{base}/chat/completions" if chat else f"{base}/completions"
-    answers = []
-    for i, prompt in enumerate(prompts):
-        for s in range(samples):
-            body = {"model": model_name, "max_tokens": max_tokens, "seed": seed + s}
-            body.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
-            answers.append(parse_answer(http_json(url, body, api_key), url, chat, i, s))
-    return answers
+    p.add_argument("--logprobs", action="store_true",
+                   help="--engine-url: ask for the log-probability of every generated token (completions "
+                        "logprobs: 1, chat logprobs: true); the tokens then name the answer's ids and the values are "
+                        "set beside the reference's (our own serve refuses it: 400)")
 
 
 def prompt_ids(tokenizer, prompt: str, chat: bool) -> list[int]:
@@ -218,7 +139,7 @@ def score_answer(model, prompt: list[int], ids: list[int], stopped: bool, answer
         agree.append((ours[:n].argmax(dim=-1) == canvas[0, :n]).double())
     logprob, agree = torch.cat(logprob), torch.cat(agree)
     return AnswerScore(answer.prompt, answer.sample, len(tokens), canvases, float(logprob.mean()),
-                       float(agree.mean()))
+                       float(agree.mean()), logprob.tolist())
 
 
 def stratified_difference(engine: list[AnswerScore], reference: list[AnswerScore], field: str) -> dict:
@@ -248,12 +169,22 @@ def verdict(logprob: dict) -> bool:
     return not (d < -MARGIN and p < ALPHA)
 
 
+def name_ids_from_logprobs(tokenizer, answers: list[Answer]) -> None:
+    """Answers without `token_ids` whose reported logprobs tokens name their ids for sure get those ids."""
+    for a in answers:
+        if a.token_ids is None and a.logprobs is not None:
+            ids = ids_of_tokens(tokenizer, a.logprobs.tokens, a.text)
+            if ids is not None:
+                a.token_ids, a.ids_from = ids, "logprobs"
+
+
 def compare_engine(model, tokenizer, base: str, prompts: list[str], samples: int, max_tokens: int, chat: bool,
-                   api_key: str | None, seed: int, model_name: str | None = None) -> dict:
+                   api_key: str | None, seed: int, model_name: str | None = None, logprobs: bool = False) -> dict:
     """Ask the server, generate with the reference, score both under the reference -> the summary (JSON-able)."""
     base = base.rstrip("/")
-    name = model_name or served_model(base, api_key)
-    engine = engine_answers(base, name, prompts, samples, max_tokens, chat, api_key, seed)
+    name, window = declared_window(base, model_name, api_key)
+    engine = engine_answers(base, name, prompts, samples, max_tokens, chat, api_key, seed, logprobs)
+    name_ids_from_logprobs(tokenizer, engine)
     use_ids = all(a.token_ids is not None for a in engine)
     reference = reference_answers(model, tokenizer, prompts, samples, max_tokens, chat, seed)
     # with ids returned: how many answers' text does not tokenize back into them (a detokenizer or template issue)
@@ -269,15 +200,21 @@ def compare_engine(model, tokenizer, base: str, prompts: list[str], samples: int
                                              a.finish_reason == "stop", a))
     logprob = stratified_difference(scored["engine"], scored["reference"], "mean_logprob")
     top1 = stratified_difference(scored["engine"], scored["reference"], "argmax_agree")
+    reported = compare_reported([(a.logprobs.logprobs, s.token_logprobs) for a, s in zip(engine, scored["engine"])
+                                 if a.logprobs is not None and use_ids])
+    sources = sorted({a.ids_from for a in engine}) if use_ids else ["text"]
     return {
         "mode": "engine", "engine_url": base, "served_model": name, "chat": chat, "prompts": len(prompts),
-        "samples": samples, "max_tokens": max_tokens, "tokens_from": "token_ids" if use_ids else "text",
+        "samples": samples, "max_tokens": max_tokens, "tokens_from": "+".join(sources),
+        "decoder_window": {"engine": window, "reference": model.get_decoder().decoder_window},
+        "reported_logprobs": reported,
         "text_id_mismatches": mismatched,
         "engine": side_summary(scored["engine"]), "reference": side_summary(scored["reference"]),
         "logprob_difference": logprob, "argmax_difference": top1,
         "test": {"alpha": ALPHA, "margin": MARGIN, "kind": "stratified Welch t, one-sided"},
         "passed": verdict(logprob),
-        "answers": {side: [asdict(s) for s in scores] for side, scores in scored.items()},
+        "answers": {side: [{k: v for k, v in asdict(s).items() if k != "token_logprobs"} for s in scores]
+                    for side, scores in scored.items()},
         "texts": {"engine": [a.text for a in engine], "reference": [a.text for a in reference]},
     }
 
@@ -300,6 +237,16 @@ def format_engine_table(summary: dict) -> str:
              f"{_f(e['mean_tokens'], 1):>11}",
              f"reference   {r['answers']:>7}  {_f(r['mean_logprob']):>12}  {_f(r['argmax_agree']):>12}  "
              f"{_f(r['mean_tokens'], 1):>11}"]
+    windows = summary["decoder_window"]
+    if windows["engine"] is not None and windows["engine"] != windows["reference"]:
+        lines.append(f"note: the server declares decoder_window {windows['engine']!r} (a semantics switch, "
+                     f"docs/reference-accuracy.md); the reference runs {windows['reference']!r} "
+                     f"(compare --decoder-window {windows['engine']} judges it under the same switch)")
+    if summary["reported_logprobs"] is not None:
+        r = summary["reported_logprobs"]
+        lines.append(f"reported logprobs ({r['tokens']} tokens of {r['answers']} answers): mean {r['mean_reported']:.4f}"
+                     f" vs the reference's {r['mean_reference']:.4f} for the same tokens, mean |difference| "
+                     f"{r['mean_abs_difference']:.4f}, max {r['max_abs_difference']:.4f} (compared, not judged)")
     if summary["text_id_mismatches"]:
         lines.append(f"note: {len(summary['text_id_mismatches'])} answer(s) whose text does not tokenize back into "
                      f"the returned token_ids (answers {summary['text_id_mismatches'][:8]})")
@@ -343,7 +290,7 @@ def run_engine_compare(args, load) -> int:
     model, tokenizer = load(args)
     try:
         summary = compare_engine(model, tokenizer, args.engine_url, prompts, args.samples, args.max_tokens,
-                                 args.chat, args.api_key, args.seed, args.served_model)
+                                 args.chat, args.api_key, args.seed, args.served_model, args.logprobs)
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

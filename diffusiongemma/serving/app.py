@@ -28,6 +28,7 @@ class ServeOptions:
     max_model_len: int = 4096
     chat_template_kwargs: dict | None = None
     batch_invariant: bool = False  # every row alone in each pass (generation/invariant.py)
+    decoder_window: str = "reference"  # "symmetric": the semantics switch (docs/reference-accuracy.md)
 
 
 @dataclass
@@ -58,7 +59,8 @@ def build_app(options: ServeOptions) -> ServedApp:
     from .handlers import DiffusionChatHandler, DiffusionCompletionHandler, NotServed, add_error_handlers
 
     manager = DiffusionModelManager(device=options.device, dtype=options.dtype, quantization=options.quantization,
-                                    force_model=options.model, tokenizer=options.tokenizer)
+                                    force_model=options.model, tokenizer=options.tokenizer,
+                                    decoder_window=options.decoder_window)
     state = DiffusionGenerationState(max_batch_size=options.max_batch_size, max_queue=options.max_queue,
                                      max_model_len=options.max_model_len, batch_invariant=options.batch_invariant)
     chat = DiffusionChatHandler(manager, state, chat_template_kwargs=options.chat_template_kwargs or {})

@@ -36,6 +36,10 @@ def add_serve_commands(subparsers) -> None:
                    help="every request runs alone inside each pass, so a seeded request's tokens are bit-identical "
                    "to model.generate(prompt, seed=seed, batch_invariant=True) whatever else is served (slower; "
                    "docs/serving.md)")
+    p.add_argument("--decoder-window", choices=["reference", "symmetric"], default="reference",
+                   help="sliding-layer semantics of the denoising passes: reference (default), or symmetric, the "
+                   "|q - k| <= W-1 window of flash-attention engines, a semantics switch for checking "
+                   "`compare --engine-url` (docs/reference-accuracy.md); GET /v1/models names it")
     p.add_argument("--chat-template-kwargs", default=None, help="JSON object passed to apply_chat_template")
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     p.set_defaults(func=run_serve)
@@ -133,6 +137,7 @@ def run_serve(args) -> int:
         model=args.model, tokenizer=args.tokenizer, device=resolved_device(args.device), dtype=args.dtype,
         quantization=args.quantization, max_batch_size=args.max_batch_size, max_queue=args.max_queue,
         max_model_len=args.max_model_len, chat_template_kwargs=kwargs, batch_invariant=args.batch_invariant,
+        decoder_window=args.decoder_window,
     ))
     server = StoppingServer(served, uvicorn.Config(served.app, host=args.host, port=args.port,
                                                    log_level=args.log_level,

@@ -26,11 +26,19 @@ from .streamer import DraftText, RowStreamer
 class DiffusionModelManager(ModelManager):
     """transformers serve's model manager loading our class (text-only: the tokenizer is the processor).
 
-    Args (besides `ModelManager`'s): tokenizer: a tokenizer folder or Hub id for checkpoints that ship none.
+    Args (besides `ModelManager`'s):
+        tokenizer: a tokenizer folder or Hub id for checkpoints that ship none.
+        decoder_window: the denoising passes' sliding-layer semantics ("reference", or the "symmetric" switch that
+            names an engine difference, docs/reference-accuracy.md); `GET /v1/models` says which is served.
     """
 
-    def __init__(self, *args, tokenizer: str | None = None, **kwargs):
+    def __init__(self, *args, tokenizer: str | None = None, decoder_window: str = "reference", **kwargs):
+        from ..modeling.masks import DECODER_WINDOWS
+
+        if decoder_window not in DECODER_WINDOWS:
+            raise ValueError(f"decoder_window must be one of {DECODER_WINDOWS}, got {decoder_window!r}")
         self.tokenizer_path = tokenizer
+        self.decoder_window = decoder_window
         super().__init__(*args, **kwargs)
 
     def _load_processor(self, model_id_and_revision: str, gguf_file: str | None = None):
@@ -53,6 +61,7 @@ class DiffusionModelManager(ModelManager):
         model = DiffusionGemmaForBlockDiffusion.from_pretrained(model_id, **kwargs)
         if quantization_config is None:
             model = model.to(self.device)
+        model.get_decoder().decoder_window = self.decoder_window
         return model.eval()
 
     @staticmethod
@@ -60,9 +69,10 @@ class DiffusionModelManager(ModelManager):
         return Modality.LLM  # the scheduler takes text; image parts of a message are dropped by the handlers
 
     def get_gen_models(self, cache_dir: str | None = None) -> list[dict]:
-        """The models this server answers for (transformers lists the Hub cache; this server serves --model)."""
-        return [{"id": key.removesuffix("@main"), "object": "model", "owned_by": "diffusiongemma", "created": 0}
-                for key in self.loaded_models]
+        """The models this server answers for (transformers lists the Hub cache; this server serves --model), each
+        with the semantics switch it runs under (`decoder_window`), which `compare --engine-url` reports."""
+        return [{"id": key.removesuffix("@main"), "object": "model", "owned_by": "diffusiongemma", "created": 0,
+                 "decoder_window": self.decoder_window} for key in self.loaded_models]
 
 
 class DiffusionGenerateManager(BaseGenerateManager):

@@ -13,7 +13,6 @@ sent and which is this server's default. The server adds one bound of its own: `
 many passes per canvas. Fields this server cannot honour are refused in `request_checks.py`.
 """
 
-import copy
 import math
 from dataclasses import dataclass, field
 from numbers import Integral, Real

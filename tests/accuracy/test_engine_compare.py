@@ -56,6 +56,17 @@ def write_broken_sudoku(path) -> str:
     return str(path)
 
 
+def write_sudoku_with_window(path, window: int) -> str:
+    """The bundled Sudoku model with its sliding layers' window cut from 256 to `window`: a prompt (83 tokens) and
+    canvas (82) longer than the window, so the symmetric-window switch changes what a denoising pass sees, on a
+    model still good enough (argmax agreement about 0.8) that its answers are fixed points of the reference."""
+    shutil.copytree(DEMO_MODEL, path)
+    config = json.loads((path / "config.json").read_text())
+    config["text_config"]["sliding_window"] = window
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """Servers on loopback: the Sudoku model, a broken copy of it, the tiny model; and prompts files."""
@@ -70,12 +81,18 @@ def served(tmp_path_factory):
     for name, path in paths.items():
         app = build_app(ServeOptions(model=path, max_model_len=256))
         running[name] = (app, BackgroundServer(app.app).start())
+    paths["window64"] = write_sudoku_with_window(root / "window64", 64)
+    for window in ("reference", "symmetric"):
+        app = build_app(ServeOptions(model=paths["window64"], max_model_len=256, decoder_window=window))
+        running[f"window64-{window}"] = (app, BackgroundServer(app.app).start())
     rng = random.Random(0)
     (root / "puzzles.txt").write_text("".join(f"<bos>{make_puzzle(rng, 40)[0].replace('0', '.')}|\n"
                                               for _ in range(2)))
     (root / "prompts.txt").write_text("Hello there\nThe quick brown fox\n")
+    (root / "more_puzzles.txt").write_text("".join(f"<bos>{make_puzzle(rng, 40)[0].replace('0', '.')}|\n"
+                                                   for _ in range(4)))
     yield {"paths": paths, "urls": {name: server.url + "/v1" for name, (_, server) in running.items()},
-           "puzzles": root / "puzzles.txt", "prompts": root / "prompts.txt"}
+           "puzzles": root / "puzzles.txt", "prompts": root / "prompts.txt", "more_puzzles": root / "more_puzzles.txt"}
     for app, server in running.values():
         server.stop()
         app.state.shutdown()
@@ -236,3 +253,85 @@ def test_compare_needs_exactly_one_of_trace_and_engine_url(tmp_path, capsys):
     assert main(["compare", "--model", str(DEMO_MODEL), "--engine-url", "http://127.0.0.1:9/v1", "--prompts",
                  str(tmp_path / "p.txt"), "--samples", "0"]) == 2
     assert "--samples must be a positive integer" in capsys.readouterr().err
+
+
+def test_serve_with_the_symmetric_window_is_reported_as_such(served, capsys):
+    """Served under the symmetric-window switch: the /v1/models entry says so, the comparison names it and fails
+    under the reference window, and passes when the reference runs the same switch (--decoder-window symmetric).
+    The same checkpoint served with the reference window declares that, and passes."""
+    model, prompts = served["paths"]["window64"], served["more_puzzles"]
+    url = served["urls"]["window64-symmetric"]
+    code, summary = compare(model, url, prompts, capsys, "--samples", "4")
+    assert summary["decoder_window"] == {"engine": "symmetric", "reference": "reference"}
+    assert code == 1 and not summary["passed"], summary["logprob_difference"]
+    assert summary["logprob_difference"]["difference"] < -1
+    assert summary["engine"]["argmax_agree"] < summary["reference"]["argmax_agree"] - 0.3
+    capsys.readouterr()
+    assert main(["compare", "--model", model, "--engine-url", url, "--prompts", str(prompts), "--samples", "2",
+                 "--max-tokens", "82"]) == 1
+    table = capsys.readouterr().out
+    assert "the server declares decoder_window 'symmetric'" in table and "FAIL" in table
+    code, summary = compare(model, url, prompts, capsys, "--samples", "4", "--decoder-window", "symmetric")
+    assert summary["decoder_window"] == {"engine": "symmetric", "reference": "symmetric"}
+    assert code == 0 and summary["passed"], summary["logprob_difference"]
+    code, summary = compare(model, served["urls"]["window64-reference"], prompts, capsys, "--samples", "4")
+    assert summary["decoder_window"] == {"engine": "reference", "reference": "reference"}
+    assert code == 0 and summary["passed"], summary["logprob_difference"]
+
+
+def test_returned_logprobs_name_the_ids_and_are_set_beside_the_reference(served, stub, capsys):
+    """vLLM's --return-tokens-as-token-ids form: the "token_id:N" tokens are the answer's ids, and the reported
+    log-probabilities are compared with the reference's for the same tokens (never judged)."""
+    model, prompts = served["paths"]["sudoku"], served["puzzles"]
+    handler, url = stub
+    ids = [5, 6, 7, 8]
+    handler.reply = {"choices": [{"text": "1234", "finish_reason": "length", "logprobs": {
+        "tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.5, -0.5, None, -0.5]}}]}
+    code, summary = compare(model, url, prompts, capsys, "--logprobs")
+    assert {b["logprobs"] for b in handler.bodies} == {1}
+    assert summary["tokens_from"] == "logprobs" and summary["text_id_mismatches"] == []
+    assert {a["tokens"] for a in summary["answers"]["engine"]} == {4}
+    reported = summary["reported_logprobs"]
+    assert reported["answers"] == 6 and reported["tokens"] == 6 * 3  # the null one is left out
+    assert reported["mean_reported"] == pytest.approx(-0.5)
+    assert reported["mean_abs_difference"] >= abs(reported["mean_reported"] - reported["mean_reference"]) - 1e-9
+    assert reported["max_abs_difference"] >= reported["mean_abs_difference"]
+    assert code == 1  # a constant answer is still judged by its likelihood under the reference, not its logprobs
+    capsys.readouterr()
+    main(["compare", "--model", model, "--engine-url", url, "--prompts", str(prompts), "--samples", "1",
+          "--max-tokens", "8", "--logprobs"])
+    assert "reported logprobs (6 tokens of 2 answers)" in capsys.readouterr().out
+
+
+def test_chat_logprobs_tokens_as_text_pieces(served, stub, capsys):
+    model, prompts = served["paths"]["tiny"], served["prompts"]  # a character-level tokenizer with a chat template
+    handler, url = stub
+    content = [{"token": t, "logprob": -0.25, "bytes": list(t.encode())} for t in "abc"]
+    handler.reply = {"choices": [{"message": {"role": "assistant", "content": "abc"}, "finish_reason": "length",
+                                  "logprobs": {"content": content}}]}
+    code, summary = compare(model, url, prompts, capsys, "--logprobs", "--chat")
+    assert summary, compare.err
+    assert {b["logprobs"] for b in handler.bodies} == {True}
+    assert summary["tokens_from"] == "logprobs" and summary["reported_logprobs"]["tokens"] == 18
+    # tokens that do not spell the text name nothing for sure: the text is tokenized again, nothing is compared
+    handler.reply["choices"][0]["message"]["content"] = "abd"
+    code, summary = compare(model, url, prompts, capsys, "--logprobs", "--chat")
+    assert summary["tokens_from"] == "text" and summary["reported_logprobs"] is None
+
+
+@pytest.mark.parametrize("logprobs, message", [
+    ("yes", "`choices[0].logprobs` is not an object"),
+    ({"tokens": ["1"], "token_logprobs": []}, "are not two lists of the same length"),
+    ({"tokens": [1], "token_logprobs": [-1.0]}, "a token is not a string"),
+    ({"tokens": ["1"], "token_logprobs": [0.5]}, "a log-probability is not a number <= 0"),
+])
+def test_malformed_logprobs_exit_2_naming_the_field(served, stub, capsys, logprobs, message):
+    handler, url = stub
+    handler.reply = {"choices": [{"text": "1", "logprobs": logprobs}]}
+    code, _ = compare(served["paths"]["sudoku"], url, served["puzzles"], capsys, "--logprobs")
+    assert code == 2 and message in compare.err and "prompt 0, sample 0" in compare.err
+
+
+def test_our_serve_refuses_logprobs_and_compare_says_so(served, capsys):
+    code, _ = compare(served["paths"]["sudoku"], served["urls"]["sudoku"], served["puzzles"], capsys, "--logprobs")
+    assert code == 2 and "HTTP 400" in compare.err and "logprobs" in compare.err

@@ -2,7 +2,6 @@
 damaged `_METADATA`, a SRC that is a file, a `--config` that is a JSON list, a DST that is a symlink to SRC, and a
 truncated or garbled safetensors file all give one clear error naming the array or the file."""
 
-import json
 import os
 
 import pytest

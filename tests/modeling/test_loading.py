@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 from transformers import DiffusionGemmaForBlockDiffusion as BuiltinModel
 
-from conftest import tiny_builtin, tiny_config, tiny_model
+from conftest import tiny_builtin, tiny_model
 from diffusiongemma import DiffusionGemmaForBlockDiffusion
 
 

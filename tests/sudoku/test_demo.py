@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from diffusiongemma.cli import main
-from diffusiongemma.sudoku import is_solved, make_puzzle, sudoku_tokenizer
+from diffusiongemma.sudoku import make_puzzle, sudoku_tokenizer
 from diffusiongemma.sudoku.demo import DEMO_MODEL, GridAnimator, canvas_cells, load_demo_model
 from diffusiongemma.sudoku.solver import solve_puzzles
 

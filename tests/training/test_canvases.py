@@ -4,7 +4,7 @@ loss equals the per-canvas loop (loss, logits and gradients) on the tiny model, 
 import pytest
 import torch
 
-from diffusiongemma.modeling.masks import build_canvas_training_masks, dense_mask
+from diffusiongemma.modeling.masks import build_canvas_training_masks
 from diffusiongemma.training import block_diffusion_loss
 from diffusiongemma.training.canvases import draw_canvas_noise, multi_canvas_loss, per_canvas_loss
 from conftest import tiny_config, tiny_model

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from diffusiongemma.training import block_diffusion_loss, corrupt_canvas, freeze_router, sample_noise_level
 from conftest import tiny_config, tiny_model

@@ -1,7 +1,6 @@
 """PEFT LoRA on our model (tiny, CPU, fp32): the target list of Gemma recipes, fused experts through parameter
 targeting, save/reload, merging, generating from the adapted and the merged model."""
 
-import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
