@@ -79,6 +79,13 @@ def test_bad_serve_options_are_refused_before_loading(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_:
             main(["serve", "--model", str(bare), "--port", port])
         assert exit_.value.code == 2 and "--port" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--model", str(bare), "--decoder-window", "flash"])
+    assert exit_.value.code == 2 and "--decoder-window" in capsys.readouterr().err
+    from diffusiongemma.serving.engine import DiffusionModelManager
+
+    with pytest.raises(ValueError, match="decoder_window must be one of"):
+        DiffusionModelManager(force_model=str(bare), decoder_window="flash")
 
 
 def test_chat_names_the_url_and_the_servers_message(capsys):
