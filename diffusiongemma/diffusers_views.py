@@ -30,14 +30,51 @@ from .modeling.vision import prompt_images
 CACHE_ATTRIBUTE = "_diffusiongemma_cache"
 
 
+class PipelineStaticCache(BlockDiffusionCache):
+    """Our cache with attention's keys laid out as transformers' `StaticCache` lays them out for the built-in class.
+
+    The built-in attends over the whole static buffer of each layer: `max_cache_len` slots in encoder passes, that
+    plus the canvas in denoising passes, the unwritten slots zero and masked. The hidden slots change nothing
+    mathematically, but they change how SDPA blocks its reduction, so in bf16 the rounding (and then the sampled
+    tokens) differs from the exact view. This cache hands attention the same zero-padded buffer (the attention layer
+    widens the mask to hide the padding, `masks.widen_mask`), so the pipeline gives the built-in's sequences bit for
+    bit with "static" too. The cached values and the semantics are ours: once a sliding window binds, the view starts
+    past slot 0 and is not padded (the built-in's static sliding layers then keep W slots where the reference keeps
+    W - 1, spec C.10, which is a difference of meaning, not of layout).
+
+    Args:
+        shapes: the stack's layer shapes.
+        buffer_slots: per layer, the slots of the pipeline's `StaticCache` layer (`get_max_length()`).
+    """
+
+    def __init__(self, shapes, buffer_slots: list[int]):
+        super().__init__(shapes)
+        self.buffer_slots = list(buffer_slots)
+        self.padded_prompt = False  # set by the encoder view before the first pass
+
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, kv_start: int, persist: bool):
+        keys, values = super().write(layer, key, value, kv_start, persist)  # [B, K, S + T - kv_start, D]
+        if persist and self.length == 0 and not self.padded_prompt:
+            return keys, values  # transformers' first prefill of an unpadded prompt: keys cut to the prompt, causal
+        total = self.buffer_slots[layer] + (0 if persist else key.shape[2])  # the built-in's key length
+        if kv_start or total <= keys.shape[2]:
+            return keys, values
+        B, K, _, D = keys.shape
+        pad = keys.new_zeros(B, K, total - keys.shape[2], D)
+        return torch.cat([keys, pad], dim=2), torch.cat([values, pad.to(values.dtype)], dim=2)
+
+
 def our_cache(model, cache) -> BlockDiffusionCache:
-    """The `BlockDiffusionCache` riding on a pipeline's transformers cache (made on first use, reserved to a
-    `StaticCache`'s length)."""
+    """The `BlockDiffusionCache` riding on a pipeline's transformers cache (made on first use; for a `StaticCache`
+    a `PipelineStaticCache` reserved to its length, or a plain one on the flex backend, which takes no dense mask)."""
     ours = getattr(cache, CACHE_ATTRIBUTE, None)
     if ours is None:
         ours = model.new_cache()
         capacity = cache.get_max_length() if getattr(cache, "is_compileable", False) else None  # StaticCache
         if isinstance(capacity, int) and capacity > 0:  # reserve what it holds
+            layers = getattr(cache, "layers", [])
+            if len(layers) == len(ours.shapes) and model.attention_backend != "flex":
+                ours = PipelineStaticCache(ours.shapes, [layer.get_max_length() for layer in layers])
             ours.reserve(capacity)
         setattr(cache, CACHE_ATTRIBUTE, ours)
         cache.get_seq_length = lambda layer_idx=0: ours.length  # what the pipeline reads to slice its input
@@ -75,6 +112,8 @@ class EncoderView:
                 raise ValueError(f"`attention_mask` must cover the cached and the new tokens, [{B}, "
                                  f"{cache.length + T}], got {list(attention_mask.shape)}")
             keep = attention_mask.bool()
+        if isinstance(cache, PipelineStaticCache) and cache.length == 0:
+            cache.padded_prompt = keep is not None and not bool(keep.all())
         images = prompt_images(self.model, input_ids, pixel_values=pixel_values,
                                image_position_ids=image_position_ids, mm_token_type_ids=mm_token_type_ids,
                                mm_encoder_outputs=None)

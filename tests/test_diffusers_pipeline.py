@@ -1,12 +1,14 @@
 """diffusers' own `DiffusionGemmaPipeline` running our model (diffusers_views.py): with the same generator it gives
 the same sequences as the pipeline with transformers' built-in class loaded from the same folder, for each of
-diffusers' three schedulers, `cache_implementation=None` and "static", fp32 and bf16.
+diffusers' three schedulers, `cache_implementation=None` and "static", fp32 and bf16, with equal and with padded
+prompts.
 
-"static": transformers' StaticCache keeps the last W cached tokens for sliding layers where its DynamicCache keeps
-W - 1 (spec C.10), so the built-in's own static and dynamic runs differ once the window binds; ours follows the
-dynamic (reference) semantics with either cache. The static comparison therefore uses a window the run never fills. In bf16 the built-in's static path also
-attends over its whole static buffer (masked slots included), which rounds differently from the exact key view we
-read, so bf16 + "static" agrees only up to rounding and is not compared here.
+"static": the built-in attends over transformers' whole static buffer, whose hidden slots change SDPA's rounding
+(in bf16, its sampled tokens); our `PipelineStaticCache` hands attention the same padded layout, so the sequences
+are equal bit for bit. transformers' StaticCache also keeps the last W cached tokens for sliding layers where its
+DynamicCache keeps W - 1 (spec C.10), so the built-in's own static and dynamic runs differ in meaning once the window
+binds; ours follows the dynamic (reference) semantics with either cache, and the static comparison uses a window
+the run never fills (`test_a_binding_window_under_static_follows_the_reference` pins what happens when it does).
 """
 
 import pytest
@@ -44,8 +46,23 @@ def models(tmp_path_factory):
     return get
 
 
+class PaddingProcessor:
+    """The tiny tokenizer, padding a batch of chat prompts to one length (left: its padding side), as a model's
+    processor does; the pipeline asks `apply_chat_template` for tensors without asking for padding."""
+
+    def __init__(self):
+        self.tokenizer = tiny_tokenizer()
+
+    def apply_chat_template(self, *args, **kwargs):
+        return self.tokenizer.apply_chat_template(*args, padding=True, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
 def run(model, scheduler, cache, prompt=("hello", "world"), temperature=1.0):
-    pipe = DiffusionGemmaPipeline(model=model, scheduler=scheduler, processor=tiny_tokenizer())
+    processor = PaddingProcessor() if len({len(p) for p in prompt}) > 1 else tiny_tokenizer()
+    pipe = DiffusionGemmaPipeline(model=model, scheduler=scheduler, processor=processor)
     pipe.set_progress_bar_config(disable=True)
     return pipe(prompt=list(prompt), gen_length=32, num_inference_steps=4, temperature=temperature,
                 generator=torch.Generator().manual_seed(0), output_type="seq", cache_implementation=cache).sequences
@@ -53,12 +70,46 @@ def run(model, scheduler, cache, prompt=("hello", "world"), temperature=1.0):
 
 @pytest.mark.parametrize("name", SCHEDULERS)
 @pytest.mark.parametrize("cache,window,dtype", [(None, 8, torch.float32), ("static", 128, torch.float32),
-                                                (None, 8, torch.bfloat16)])
+                                                (None, 8, torch.bfloat16), ("static", 128, torch.bfloat16)])
 def test_pipeline_with_our_model_equals_the_builtin(models, name, cache, window, dtype):
     builtin, ours = models(window, dtype)
     theirs = run(builtin, SCHEDULERS[name](), cache)
     got = run(ours, SCHEDULERS[name](), cache)
     assert got.shape == (2, 32) and torch.equal(got, theirs)
+
+
+@pytest.mark.parametrize("cache,window,dtype", [(None, 8, torch.float32), ("static", 128, torch.float32),
+                                                (None, 8, torch.bfloat16), ("static", 128, torch.bfloat16)])
+def test_padded_prompts_equal_the_builtin(models, cache, window, dtype):
+    """Prompts of different lengths: the pipeline left-pads, and the padding mask reaches every pass."""
+    builtin, ours = models(window, dtype)
+    prompts = ("hi", "a longer prompt here")
+    theirs = run(builtin, SCHEDULERS["entropy-bound"](), cache, prompt=prompts)
+    assert torch.equal(run(ours, SCHEDULERS["entropy-bound"](), cache, prompt=prompts), theirs)
+
+
+def test_static_layout_is_what_makes_bf16_agree(models):
+    """Without the built-in's padded layout (a plain cache on the pipeline's StaticCache), bf16 rounding differs:
+    the padded layout is needed, not incidental."""
+    from diffusiongemma import diffusers_views
+
+    builtin, ours = models(128, torch.bfloat16)
+    theirs = [run(builtin, SCHEDULERS[n](), "static") for n in SCHEDULERS]
+    original = diffusers_views.PipelineStaticCache.write
+    diffusers_views.PipelineStaticCache.write = diffusers_views.BlockDiffusionCache.write
+    try:
+        plain = [run(ours, SCHEDULERS[n](), "static") for n in SCHEDULERS]
+    finally:
+        diffusers_views.PipelineStaticCache.write = original
+    assert not all(torch.equal(a, b) for a, b in zip(plain, theirs))
+
+
+def test_a_binding_window_under_static_follows_the_reference(models):
+    """Window 8 with "static": ours gives the same sequences as with the dynamic cache (the reference's W - 1
+    semantics), which the built-in's static run does not."""
+    builtin, ours = models(8, torch.float32)
+    name = "entropy-bound"
+    assert torch.equal(run(ours, SCHEDULERS[name](), "static"), run(builtin, SCHEDULERS[name](), None))
 
 
 def test_greedy_pipeline_and_text_output(models):

@@ -14,7 +14,7 @@ from torch import nn
 
 from .config import LayerShape
 from .blocks import RMSNorm
-from .masks import LayerMask
+from .masks import LayerMask, widen_mask
 from .rope import apply_rope
 
 
@@ -123,4 +123,9 @@ class DiffusionGemmaAttention(nn.Module):
         mask: LayerMask = ctx.masks[self.shape.layer_type]
         q, k, v = self.project(h, cos, sin)
         k, v = ctx.cache.write(layer_idx, k, v, mask.kv_start, ctx.persist)  # [B, K, KV, D]
-        return self.attend(q, k, v, mask.mask, ctx.backend)
+        visible, extra = mask.mask, k.shape[2] - (mask.kv_end - mask.kv_start)
+        if extra > 0:  # a cache that pads the keys (diffusers_views.PipelineStaticCache): hide the padding
+            if ctx.backend == "flex":
+                raise ValueError("a zero-padded key buffer needs a dense mask (sdpa or eager), not flex")
+            visible = widen_mask(visible, q.shape[0], q.shape[2], mask.kv_end - mask.kv_start, k.shape[2], q.device)
+        return self.attend(q, k, v, visible, ctx.backend)

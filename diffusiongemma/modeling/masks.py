@@ -136,6 +136,18 @@ class LayerMask:
     mask: object | None
 
 
+def widen_mask(mask: torch.Tensor | None, batch: int, num_q: int, visible: int, total: int,
+               device: torch.device) -> torch.Tensor:
+    """A bool mask [B, 1, Q, visible] (None: every key visible) widened to `total` keys, the extra ones hidden.
+
+    For a cache that hands attention a longer, zero-padded key buffer than the mask's slot range
+    (`diffusers_views.PipelineStaticCache`, which lays keys out as transformers' StaticCache does). sdpa/eager only.
+    """
+    out = torch.zeros(batch, 1, num_q, total, dtype=torch.bool, device=device)  # [B, 1, Q, total]
+    out[..., :visible] = True if mask is None else mask
+    return out
+
+
 def _first_visible_slot(shape: LayerShape, q_slot0: int) -> int:
     # Sliding layers retain only the last W-1 committed slots (spec C.10, DynamicCache semantics).
     if shape.is_sliding:
