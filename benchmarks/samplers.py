@@ -3,7 +3,9 @@ for each sampler and a small grid of its settings, plus tokens per forward on a 
 
 Every setting solves the same fresh, uniquely solvable puzzles (drawn from a seed training never uses) with
 `sampling="fast"` and the same seed; the stopper and the temperature schedule are the model's generation config.
-Prints one JSON line per setting, a table with the Pareto-optimal settings marked, and (with matplotlib) a plot.
+Prints one JSON line per setting, a table with the Pareto-optimal settings marked, the preset each sampler's rule
+picks (diffusiongemma/generation/sampler_presets.py: within one standard error of the sampler's best solve rate,
+then the fewest mean passes) next to the shipped one, and (with matplotlib) a plot.
 
     python benchmarks/samplers.py [--puzzles 200] [--givens 36] [--seed 0] [--plot docs/images/samplers.png]
 """
@@ -13,10 +15,13 @@ import json
 import platform
 import time
 
+import math
+
 import torch
 import transformers
 
 from diffusiongemma import (
+    SAMPLER_PRESETS,
     BlockRefinementSamplerConfig,
     ConfidenceThresholdSamplerConfig,
     DiffusionGemmaConfig,
@@ -24,10 +29,12 @@ from diffusiongemma import (
     DiscreteDDIMSamplerConfig,
     EntropyBoundSamplerConfig,
 )
+from diffusiongemma.accuracy.stats import t_cdf
 from diffusiongemma.sudoku.demo import fresh_puzzles, load_demo_model
 from diffusiongemma.sudoku.solver import solve_puzzles, solve_rate
 
 PUZZLE_SEED = 10_000  # as benchmarks/sudoku_showcase.py: fresh puzzles
+SHIPPED = "entropy_bound=0.1"  # the bundled model's generation_config.json
 GRID = [
     ("entropy-bound", EntropyBoundSamplerConfig(entropy_bound=0.05)),
     ("entropy-bound", EntropyBoundSamplerConfig(entropy_bound=0.1)),  # the shipped Sudoku setting
@@ -67,6 +74,22 @@ def pareto(rows: list[dict]) -> None:
                               for o in rows)
 
 
+def standard_error(row: dict) -> float:
+    p, n = row["solve_rate"], row["count"]
+    return math.sqrt(p * (1 - p) / n)
+
+
+def pick_presets(rows: list[dict]) -> dict[str, dict]:
+    """Per sampler: the settings within one standard error of its best solve rate, then the fewest mean passes."""
+    picked = {}
+    for name in dict.fromkeys(r["sampler"] for r in rows):
+        mine = [r for r in rows if r["sampler"] == name]
+        best = max(mine, key=lambda r: r["solve_rate"])
+        close = [r for r in mine if r["solve_rate"] >= best["solve_rate"] - standard_error(best)]
+        picked[name] = min(close, key=lambda r: (r["mean_steps"], -r["solve_rate"]))
+    return picked
+
+
 def sudoku_rows(puzzles: list[str], seed: int, batch: int) -> list[dict]:
     model, tokenizer = load_demo_model()
     solve_puzzles(model, tokenizer, puzzles[:2], max_denoising_steps=2)  # warm-up
@@ -79,10 +102,27 @@ def sudoku_rows(puzzles: list[str], seed: int, batch: int) -> list[dict]:
                                      sampling="fast", seed=seed + i)
         row = {"sampler": name, "settings": settings_of(config), **solve_rate(results),
                "wall_s": round(time.perf_counter() - start, 2)}
-        rows.append(row)
         print(json.dumps(row), flush=True)
+        row["per_puzzle"] = [(r.valid, r.steps) for r in results]  # for the paired tests, not printed
+        rows.append(row)
     pareto(rows)
     return rows
+
+
+def paired_against(row: dict, shipped: dict) -> tuple[float, float]:
+    """One-sided p-values that `row` solves more puzzles (exact McNemar: of the puzzles only one of them solves,
+    how many are row's) and needs fewer passes (paired t on the same puzzles) than `shipped`."""
+    pairs = list(zip(row["per_puzzle"], shipped["per_puzzle"]))
+    wins = sum(a and not b for (a, _), (b, _) in pairs)
+    losses = sum(b and not a for (a, _), (b, _) in pairs)
+    n = wins + losses
+    p_solve = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n if n else 1.0
+    d = [s_steps - r_steps for (_, r_steps), (_, s_steps) in pairs]  # > 0: row needs fewer
+    mean = sum(d) / len(d)
+    var = sum((x - mean) ** 2 for x in d) / (len(d) - 1)
+    if var == 0:
+        return p_solve, 0.0 if mean > 0 else 1.0
+    return p_solve, 1 - t_cdf(mean / math.sqrt(var / len(d)), len(d) - 1)
 
 
 def tokens_per_forward_rows(seed: int) -> list[dict]:
@@ -145,11 +185,28 @@ def main() -> None:
           f"{torch.get_num_threads()} threads; {args.puzzles} puzzles with {args.givens} givens")
     rows = sudoku_rows(fresh_puzzles(args.puzzles, args.givens, PUZZLE_SEED), args.seed, args.batch)
     tpf = {(r["sampler"], r["settings"]): r["tokens_per_forward"] for r in tokens_per_forward_rows(args.seed)}
-    print("\n| sampler | settings | solve rate | mean passes | median passes | tokens/forward (tiny text) | Pareto |")
-    print("|---|---|---|---|---|---|---|")
+    picked = pick_presets(rows)
+    shipped = next((r for r in rows if r["sampler"] == "entropy-bound" and r["settings"] == SHIPPED), None)
+    print("\n| sampler | settings | solve rate (± SE) | mean passes | median passes | tokens/forward (tiny text) | "
+          "Pareto | preset | p better solve / fewer passes than shipped |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    beats = []
     for r in rows:
-        print(f"| {r['sampler']} | {r['settings']} | {r['solve_rate']:.3f} | {r['mean_steps']:.2f} | "
-              f"{r['median_steps']:.1f} | {tpf[r['sampler'], r['settings']]:.2f} | {'yes' if r['pareto'] else ''} |")
+        paired = "shipped" if r is shipped else "-"
+        if shipped is not None and r is not shipped:
+            p_solve, p_passes = paired_against(r, shipped)
+            paired = f"{p_solve:.2g} / {p_passes:.2g}"
+            if p_solve < 0.05 and p_passes < 0.05:
+                beats.append(r)
+        print(f"| {r['sampler']} | {r['settings']} | {r['solve_rate']:.3f} ± {standard_error(r):.3f} | "
+              f"{r['mean_steps']:.2f} | {r['median_steps']:.1f} | {tpf[r['sampler'], r['settings']]:.2f} | "
+              f"{'yes' if r['pareto'] else ''} | {'yes' if picked[r['sampler']] is r else ''} | {paired} |")
+    print("settings that beat the shipped Sudoku setting on both axes (paired one-sided p < 0.05 on each): "
+          + (", ".join(f"{r['sampler']} {r['settings']}" for r in beats) or "none"))
+    for name, r in picked.items():
+        preset = SAMPLER_PRESETS.get(name)
+        ours = settings_of(preset) if preset is not None else "none"
+        print(f"preset {name}: {r['settings']} ({'as shipped' if ours == r['settings'] else 'shipped: ' + ours})")
     if args.plot:
         plot(rows, args.plot)
 

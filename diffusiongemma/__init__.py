@@ -22,6 +22,7 @@ from .generation.sampler import (
     DiscreteDDIMSamplerConfig,
     register_sampler,
 )
+from .generation.sampler_presets import SAMPLER_PRESETS, sampler_preset
 from .processing import DiffusionGemmaProcessor, load_processor
 from .training.collator import DiffusionGemmaDataCollator
 
@@ -47,8 +48,10 @@ __all__ = [
     "JsonSchema",
     "PipelineLoadError",
     "Regex",
+    "SAMPLER_PRESETS",
     "Trace",
     "load_processor",
     "load_trace",
     "register_sampler",
+    "sampler_preset",
 ]

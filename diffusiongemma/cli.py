@@ -55,6 +55,9 @@ def add_generate_command(subparsers) -> None:
     p.add_argument("--sampler", default=None, metavar="NAME",
                    help="entropy-bound, block-refinement, confidence-threshold, discrete-ddim (or a registered "
                         "sampler config's class name); default: the checkpoint's (docs/samplers.md)")
+    p.add_argument("--sampler-preset", default=None, metavar="NAME",
+                   help="a named preset, the measured best setting of one sampler: entropy-bound, block-refinement, "
+                        "confidence-threshold or discrete-ddim (docs/samplers.md); --sampler-setting adjusts it")
     p.add_argument("--sampler-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting of the sampler, e.g. threshold=0.9 or corrector_steps=2 (repeat for several; "
                         "the value is read as JSON: true, 0.5, null, or else a plain string)")
@@ -121,7 +124,7 @@ def run_generate(args) -> int:
         return 2
     images = [load_image(source, args.allow_network) for source in args.image]  # before the model: fail fast
     try:  # before the model too: a bad sampler setting needs no weights to be refused
-        sampler_config = sampler_from_args(args.sampler, args.sampler_setting, args.model)
+        sampler_config = sampler_from_args(args.sampler, args.sampler_setting, args.model, args.sampler_preset)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -181,19 +184,24 @@ def run_generate(args) -> int:
     return 0
 
 
-def sampler_from_args(name: str | None, settings: list[str], model_path: str):
-    """--sampler NAME and --sampler-setting KEY=VALUE -> a sampler config, or None (the checkpoint's as it is).
+def sampler_from_args(name: str | None, settings: list[str], model_path: str, preset: str | None = None):
+    """--sampler NAME (or --sampler-preset NAME) and --sampler-setting KEY=VALUE -> a sampler config, or None (the
+    checkpoint's as it is).
 
-    Settings without --sampler apply to the checkpoint's own sampler config (generation_config.json).
+    Settings without --sampler apply to the checkpoint's own sampler config (generation_config.json), with
+    --sampler-preset to the preset.
 
     Raises:
         ValueError: naming the flag and the setting.
     """
     import json
 
+    from .generation.sampler_presets import sampler_preset
     from .generation.sampler_settings import SamplerSettingError, sampler_config_class_named, sampler_config_from
 
-    if name is None and not settings:
+    if preset is not None and name is not None:
+        raise ValueError("--sampler-preset names its own sampler: give it or --sampler, not both")
+    if name is None and not settings and preset is None:
         return None
     pairs = {}
     for item in settings:
@@ -205,7 +213,12 @@ def sampler_from_args(name: str | None, settings: list[str], model_path: str):
         except json.JSONDecodeError:
             pairs[key] = raw
     base = None
-    if name is None:
+    if preset is not None:
+        try:
+            base = sampler_preset(preset, "--sampler-preset")
+        except SamplerSettingError as error:
+            raise ValueError(f"--sampler-preset: {error}") from None
+    elif name is None:
         from .generation_config import DiffusionGemmaGenerationConfig
 
         try:

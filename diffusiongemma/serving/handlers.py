@@ -46,6 +46,7 @@ class DiffusionSettingFields(TypedDict, total=False):
     stream_drafts: bool
     # `sampler` and the built-in samplers' settings (sampler_request.py; tests check this list is complete)
     sampler: str
+    sampler_preset: str  # a named preset (generation/sampler_presets.py)
     threshold: float
     editing_threshold: float
     greedy: bool

@@ -3,6 +3,8 @@
 client (the reply equals `generate`; a bad setting is a 400 naming it)."""
 
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from diffusiongemma import (
     DiffusionGemmaGenerationConfig,
     DiscreteDDIMSamplerConfig,
     EntropyBoundSamplerConfig,
+    sampler_preset,
 )
 from diffusiongemma.serving.handlers import DiffusionSettingFields
 from diffusiongemma.serving.sampler_request import SAMPLER_FIELDS
@@ -35,6 +38,11 @@ BASE = DiffusionGemmaGenerationConfig(eos_token_id=None, pad_token_id=0)
     ({"sampler": "entropy-bound"}, EntropyBoundSamplerConfig(entropy_bound=0.1)),
     ({"entropy_bound": 0.3}, EntropyBoundSamplerConfig(entropy_bound=0.3)),  # as before: no `sampler` needed
     ({}, EntropyBoundSamplerConfig(entropy_bound=0.1)),
+    ({"sampler_preset": "block-refinement"}, sampler_preset("block-refinement")),
+    ({"sampler_preset": "confidence-threshold", "sampler": "confidence-threshold", "threshold": 0.8},
+     dataclasses.replace(sampler_preset("confidence-threshold"), threshold=0.8)),
+    ({"sampler_preset": "discrete-ddim", "corrector_steps": 1},
+     dataclasses.replace(sampler_preset("discrete-ddim"), corrector_steps=1)),
 ])
 def test_request_picks_the_sampler(body, expected):
     assert request_settings(body, BASE).config.sampler_config == expected
@@ -56,6 +64,10 @@ def test_settings_alone_adjust_the_servers_sampler():
     ({"threshold": 0.5}, "threshold"),  # the server's sampler is entropy-bound
     ({"sampler": "discrete-ddim", "corrector_selection": "best"}, "corrector_selection"),
     ({"sampler": "confidence-threshold", "factor": float("inf")}, "factor"),
+    ({"sampler_preset": "fastest"}, "sampler_preset"),
+    ({"sampler_preset": 1}, "sampler_preset"),
+    ({"sampler_preset": "discrete-ddim", "sampler": "block-refinement"}, "sampler"),
+    ({"sampler_preset": "discrete-ddim", "threshold": 0.5}, "threshold"),
 ])
 def test_bad_sampler_fields_name_the_field(body, field):
     with pytest.raises(BadRequestField) as error:
@@ -65,7 +77,7 @@ def test_bad_sampler_fields_name_the_field(body, field):
 
 def test_every_sampler_setting_is_an_accepted_body_field():
     declared = set(DiffusionSettingFields.__annotations__)
-    assert {"sampler", *SAMPLER_FIELDS} <= declared
+    assert {"sampler", "sampler_preset", *SAMPLER_FIELDS} <= declared
 
 
 @pytest.mark.parametrize("body,config", [
