@@ -86,7 +86,8 @@ def main() -> int:
                 s = compare_engine(reference, tokenizer, server.url + "/v1", prompts, args.samples, max_tokens,
                                    False, None, seed=1000 * i)
                 d = s["logprob_difference"]
-                rows.append({"run": i, "t": d["t"], "df": d["df"], "p": d["p_value"], "difference": d["difference"],
+                rows.append({"run": i, "t": d["t"], "df": d["df"], "p": d["p_value"],
+                             "p_beyond_margin": d["p_beyond_margin"], "difference": d["difference"],
                              "passed": s["passed"],
                              "seconds": time.perf_counter() - start})
                 print(json.dumps(rows[-1]), flush=True)
@@ -96,7 +97,9 @@ def main() -> int:
     zs = [r["t"] for r in rows if r["t"] is not None and math.isfinite(r["t"])]
     alarms = sum(not r["passed"] for r in rows)
     print(f"model {args.model}: {len(rows)} agreeing runs of {len(prompts)} prompts x {args.samples} samples: "
-          f"{alarms} false alarm(s); min p {min(r['p'] for r in rows):.2g}; t mean {statistics.fmean(zs):+.3f}, sd "
+          f"{alarms} false alarm(s); min p {min(r['p'] for r in rows):.2g}, min p beyond the margin "
+          f"{min(r['p_beyond_margin'] for r in rows):.2g}, smallest d {min(r['difference'] for r in rows):+.4f}; "
+          f"t mean {statistics.fmean(zs):+.3f}, sd "
           f"{statistics.stdev(zs) if len(zs) > 1 else float('nan'):.3f}, min {min(zs):+.3f}; "
           f"{statistics.median(r['seconds'] for r in rows):.1f} s per run (median)")
     return 0

@@ -12,7 +12,15 @@ import pytest
 import torch
 from conftest import tiny_model, tiny_tokenizer, write_generation_config
 
-from diffusiongemma.accuracy.engine_compare import ALPHA, MARGIN, AnswerScore, stratified_difference, verdict
+from diffusiongemma.accuracy.engine_compare import (
+    ALPHA,
+    MARGIN,
+    AnswerScore,
+    margin_p_value,
+    stratified_difference,
+    verdict,
+)
+from diffusiongemma.accuracy.stats import t_cdf
 from diffusiongemma.cli import main
 from diffusiongemma.sudoku.demo import DEMO_MODEL
 from diffusiongemma.sudoku.puzzles import make_puzzle
@@ -225,11 +233,18 @@ def test_stratified_difference_worked_example():
     assert d["t"] == pytest.approx(-0.70711, abs=1e-5) and d["df"] == pytest.approx(2.0)
     assert d["p_value"] == pytest.approx(0.27639, abs=1e-4)  # P(T_2 <= -0.7071) = (1 - 0.7071 / sqrt(2.5)) / 2
     assert verdict(d)
-    assert not verdict({"difference": -1.0, "p_value": ALPHA / 2}) and verdict({"difference": -1.0, "p_value": 0.01})
-    assert verdict({"difference": -MARGIN / 2, "p_value": 1e-9})  # within the rounding margin
-    # no variance at all, and worse: p = 0
+    # the verdict is a non-inferiority test: p = P(T_df <= (d + MARGIN) / SE)
+    assert margin_p_value(d) == pytest.approx(t_cdf((-0.5 + MARGIN) / d["se"], 2.0))
+    assert not verdict({"difference": -1.0, "se": 0.2, "df": 30.0})  # 4.9 SE beyond the margin
+    assert verdict({"difference": -1.0, "se": 0.5, "df": 30.0})  # 2 SE: not significant at 0.001
+    # a tiny difference with (near) no variance: the plain t is enormous, the margin keeps it a pass
+    tiny = {"difference": -5e-5, "se": 2e-6, "df": 3.0}
+    assert t_cdf(tiny["difference"] / tiny["se"], 3.0) < ALPHA and verdict(tiny)
+    assert margin_p_value({"difference": -MARGIN * 1.0001, "se": 0.0086, "df": 3.0}) > 0.4  # at the margin: ~0.5
+    # no variance at all: decided by d alone
     flat = stratified_difference(scores({0: [-2, -2]}), scores({0: [-1, -1]}), "mean_logprob")
     assert flat["p_value"] == 0.0 and not verdict(flat)
+    assert verdict(stratified_difference(scores({0: [-1.01, -1.01]}), scores({0: [-1, -1]}), "mean_logprob"))
 
 
 def test_t_distribution_against_known_values():
