@@ -256,7 +256,8 @@ def format_engine_table(summary: dict) -> str:
                      f"(compare --decoder-window {windows['engine']} judges it under the same switch)")
     if summary["reported_logprobs"] is not None:
         r = summary["reported_logprobs"]
-        lines.append(f"reported logprobs ({r['tokens']} tokens of {r['answers']} answers): mean {r['mean_reported']:.4f}"
+        lines.append(f"reported logprobs ({r['tokens']} tokens of {r['answers']} answers): mean "
+                     f"{r['mean_reported']:.4f}"
                      f" vs the reference's {r['mean_reference']:.4f} for the same tokens, mean |difference| "
                      f"{r['mean_abs_difference']:.4f}, max {r['max_abs_difference']:.4f} (compared, not judged)")
     if summary["text_id_mismatches"]:

@@ -77,7 +77,8 @@ def ids_of_tokens(tokenizer, tokens: list[str], text: str) -> list[int] | None:
     if all(len(p) == 1 for p in pieces):
         candidates.append([p[0] for p in pieces])
     for ids in candidates:
-        if all(isinstance(i, int) and i != unk for i in ids) and tokenizer.decode(ids, skip_special_tokens=True) == text:
+        named = all(isinstance(i, int) and i != unk for i in ids)
+        if named and tokenizer.decode(ids, skip_special_tokens=True) == text:
             return ids
     return None
 
