@@ -24,24 +24,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_command_answers_the_openai_client(tmp_path):
-    model = write_checkpoint(tmp_path / "ckpt")
+def start_serve(model: str, max_model_len: int):
+    """`python -m diffusiongemma serve` on a free port, once it answers `GET /v1/models` (at most 120 s):
+    (the process, an `openai` client for it, the model listing)."""
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     server = subprocess.Popen(
         [sys.executable, "-m", "diffusiongemma", "serve", "--model", model, "--port", str(port), "--device", "cpu",
-         "--max-model-len", "128"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+         "--max-model-len", str(max_model_len)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=60, max_retries=0)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return server, client, client.models.list()
+        except openai.APIConnectionError:
+            if server.poll() is not None or time.monotonic() >= deadline:
+                server.kill()
+                server.wait(timeout=10)
+                raise AssertionError(f"the server did not start within 120 s: {server.stderr.read()}") from None
+            time.sleep(0.2)
+
+
+def test_serve_command_answers_the_openai_client(tmp_path):
+    model = write_checkpoint(tmp_path / "ckpt")
+    server, client, models = start_serve(model, 128)
     try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=60, max_retries=0)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                models = client.models.list()
-                break
-            except openai.APIConnectionError:
-                assert server.poll() is None, server.stderr.read()
-                assert time.monotonic() < deadline, "the server did not start within 120 s"
-                time.sleep(0.2)
         assert [m.id for m in models.data] == [model]
         reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
                                                max_tokens=16, seed=1, extra_body={"max_denoising_steps": 2})
@@ -101,22 +109,8 @@ def test_one_ctrl_c_stops_serve_during_a_long_request(tmp_path):
     import signal
 
     model = write_checkpoint(tmp_path / "ckpt")
-    port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    server = subprocess.Popen(
-        [sys.executable, "-m", "diffusiongemma", "serve", "--model", model, "--port", str(port), "--device", "cpu",
-         "--max-model-len", "256"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server, client, _ = start_serve(model, 256)
     try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=60, max_retries=0)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                client.models.list()
-                break
-            except openai.APIConnectionError:
-                assert server.poll() is None, server.stderr.read()
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
         stream = client.chat.completions.create(  # long: 14 canvases of 1000 steps
             model=model, messages=[{"role": "user", "content": "long"}], max_tokens=224, stream=True,
             extra_body={"stream_drafts": True, "max_denoising_steps": 1000, "confidence_threshold": 1e-9})
