@@ -83,15 +83,16 @@ def eos_ids(model) -> set[int]:
 
 
 @torch.no_grad()
-def reference_answers(model, tokenizer, prompts: list[str], samples: int, max_tokens: int, chat: bool,
+def reference_answers(model, tokenizer, prompts: list[list[int]], samples: int, max_tokens: int,
                       seed: int) -> list[Answer]:
-    """`samples` answers per prompt from the reference (its generation config, `max_new_tokens = max_tokens`, sample
-    s after `torch.manual_seed(seed + s)`), cut at the first EOS and at max_tokens, decoded like a server."""
+    """`samples` answers per prompt (its ids, `prompt_ids`) from the reference (its generation config,
+    `max_new_tokens = max_tokens`, sample s after `torch.manual_seed(seed + s)`), cut at the first EOS and at
+    max_tokens, decoded like a server."""
     device = next(model.parameters()).device
     eos = eos_ids(model)
     answers = []
     for i, prompt in enumerate(prompts):
-        ids = torch.tensor([prompt_ids(tokenizer, prompt, chat)], device=device)
+        ids = torch.tensor([prompt], device=device)
         for s in range(samples):
             torch.manual_seed(seed + s)
             out = model.generate(ids, max_new_tokens=max_tokens, return_dict_in_generate=True)
@@ -197,18 +198,17 @@ def compare_engine(model, tokenizer, base: str, prompts: list[str], samples: int
     engine = engine_answers(base, name, prompts, samples, max_tokens, chat, api_key, seed, logprobs)
     name_ids_from_logprobs(tokenizer, engine)
     use_ids = all(a.token_ids is not None for a in engine)
-    reference = reference_answers(model, tokenizer, prompts, samples, max_tokens, chat, seed)
+    prompt_tokens = [prompt_ids(tokenizer, prompt, chat) for prompt in prompts]  # as the server builds them
+    reference = reference_answers(model, tokenizer, prompt_tokens, samples, max_tokens, seed)
     # with ids returned: how many answers' text does not tokenize back into them (a detokenizer or template issue)
+    eos = eos_ids(model)
     mismatched = [a.prompt * samples + a.sample for a in engine if use_ids
                   and tokenizer(a.text, add_special_tokens=False)["input_ids"] != [t for t in a.token_ids
-                                                                                 if t not in eos_ids(model)]]
+                                                                                 if t not in eos]]
     scored = {}
     for side, answers in (("engine", engine), ("reference", reference)):
-        scored[side] = []
-        for a in answers:
-            ids = answer_tokens(tokenizer, a, use_ids)
-            scored[side].append(score_answer(model, prompt_ids(tokenizer, prompts[a.prompt], chat), ids,
-                                             a.finish_reason == "stop", a))
+        scored[side] = [score_answer(model, prompt_tokens[a.prompt], answer_tokens(tokenizer, a, use_ids),
+                                     a.finish_reason == "stop", a) for a in answers]
     logprob = stratified_difference(scored["engine"], scored["reference"], "mean_logprob")
     logprob["p_beyond_margin"] = margin_p_value(logprob)
     top1 = stratified_difference(scored["engine"], scored["reference"], "argmax_agree")
@@ -223,7 +223,7 @@ def compare_engine(model, tokenizer, base: str, prompts: list[str], samples: int
         "text_id_mismatches": mismatched,
         "engine": side_summary(scored["engine"]), "reference": side_summary(scored["reference"]),
         "logprob_difference": logprob, "argmax_difference": top1,
-        "test": {"alpha": ALPHA, "margin": MARGIN, "kind": "stratified Welch t, one-sided"},
+        "test": {"alpha": ALPHA, "margin": MARGIN, "kind": "stratified Welch t, one-sided, non-inferiority by the margin"},
         "passed": verdict(logprob),
         "answers": {side: [{k: v for k, v in asdict(s).items() if k != "token_logprobs"} for s in scores]
                     for side, scores in scored.items()},
