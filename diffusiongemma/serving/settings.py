@@ -3,7 +3,7 @@
 Standard fields: `max_tokens` (chat also `max_completion_tokens`), `stop`, `seed`. Extra body fields (the `openai`
 client sends them with `extra_body=`): the diffusion settings `max_denoising_steps`, `entropy_bound`, `t_min`, `t_max`,
 `stability_threshold`, `confidence_threshold`, `sampling`, and `stream_drafts`; `sampler` and its settings
-(sampler_request.py). `temperature` and `top_p` are accepted
+(`sampler_settings`, sampler_request.py); `stopper_settings` for a plug-in stopper (stopper_request.py). `temperature` and `top_p` are accepted
 and reported unused once (block diffusion follows its own temperature schedule), as `generate` does.
 
 Every range check is the generation config's (`generation_config.validate_field`), applied one field at a time so
@@ -24,6 +24,7 @@ from ..generation_config import validate_field
 from ..generation.resolve import SEED_MAX
 from ..generation.sampler import sampling_names
 from .sampler_request import request_sampler_config
+from .stopper_request import request_stopper_config
 
 logger = logging.get_logger(__name__)
 
@@ -140,6 +141,7 @@ def request_settings(body: dict, model_generation_config) -> RequestSettings:
             raise BadRequestField("entropy_bound", f"must be > 0, got {bound!r}")
         config.sampler_config = EntropyBoundSamplerConfig(entropy_bound=bound)
     config.sampler_config = request_sampler_config(present, config.sampler_config, BadRequestField)  # `sampler`
+    config.stopper_config = request_stopper_config(present, config.stopper_config, BadRequestField)
     if not config.t_max > config.t_min:
         def cited(n):
             origin = "sent" if n in present else "this server's default"
