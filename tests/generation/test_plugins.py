@@ -313,3 +313,10 @@ def test_http_plugins_and_400(tmp_path):
     finally:
         server.stop()
         served_app.state.shutdown()
+
+
+def test_a_stopper_config_changed_after_construction_is_checked_again(model):
+    config = StopperConfig()
+    config.patience = 0  # its __post_init__ never saw this
+    with pytest.raises(ValueError, match="`patience` must be a positive int"):
+        model.generate(torch.arange(3, 8)[None], stopper_config=config, **KW)

@@ -75,6 +75,9 @@ def test_settings_alone_adjust_the_servers_sampler():
     ({"sampler": "block-refinement", "threshold": 0.5, "sampler_settings": {"threshold": 0.6}},
      "sampler_settings.threshold"),
     ({"sampler_settings": "fast"}, "sampler_settings"),
+    ({"sampler": "discrete-ddim", "corrector_steps": 10**12}, "corrector_steps"),
+    ({"sampler": "discrete-ddim", "corrector_steps": 4, "max_denoising_steps": 5}, "corrector_steps"),
+    ({"sampler": "discrete-ddim", "corrector_steps": 47}, "corrector_steps"),  # the default budget is 48
 ])
 def test_bad_sampler_fields_name_the_field(body, field):
     with pytest.raises(BadRequestField) as error:
