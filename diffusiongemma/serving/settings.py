@@ -3,8 +3,8 @@
 Standard fields: `max_tokens` (chat also `max_completion_tokens`), `stop`, `seed`. Extra body fields (the `openai`
 client sends them with `extra_body=`): the diffusion settings `max_denoising_steps`, `entropy_bound`, `t_min`, `t_max`,
 `stability_threshold`, `confidence_threshold`, `sampling`, and the draft fields (`stream_drafts`, `draft_confidence`,
-`diffusion_frame`: drafts.py); `sampler` and its settings
-(sampler_request.py). `temperature` and `top_p` are accepted
+`diffusion_frame`: drafts.py); `sampler` and its settings (`sampler_settings`, sampler_request.py);
+`stopper_settings` for a plug-in stopper (stopper_request.py). `temperature` and `top_p` are accepted
 and reported unused once (block diffusion follows its own temperature schedule), as `generate` does.
 
 Every range check is the generation config's (`generation_config.validate_field`), applied one field at a time so
@@ -27,6 +27,7 @@ from ..generation.sampler import sampler_class_for, sampling_names
 from ..sampler_configs import check_sampler_config
 from .drafts import DraftOptions, draft_options
 from .sampler_request import request_sampler_config
+from .stopper_request import request_stopper_config
 
 logger = logging.get_logger(__name__)
 
@@ -147,9 +148,12 @@ def request_settings(body: dict, model_generation_config) -> RequestSettings:
     try:  # e.g. corrector_steps against this request's step budget
         check_sampler_config(config.sampler_config, config.max_denoising_steps)
     except ValueError as error:
-        field = next((n for n in ("corrector_steps", "max_denoising_steps", "sampler_preset", "sampler")
-                      if n in present), "sampler")
+        nested = present.get("sampler_settings")
+        sent = {*present, *(f"sampler_settings.{k}" for k in (nested if isinstance(nested, dict) else {}))}
+        field = next((n for n in ("corrector_steps", "sampler_settings.corrector_steps", "max_denoising_steps",
+                                  "sampler_preset", "sampler") if n in sent), "sampler")
         raise BadRequestField(field, str(error)) from None
+    config.stopper_config = request_stopper_config(present, config.stopper_config, BadRequestField)
     if not config.t_max > config.t_min:
         def cited(n):
             origin = "sent" if n in present else "this server's default"
@@ -175,8 +179,8 @@ def request_settings(body: dict, model_generation_config) -> RequestSettings:
     prompt_field = "messages" if "messages" in body else "prompt"
     length_field = token_field if token_field in present else prompt_field
     return RequestSettings(config=config, max_new_tokens=config.max_new_tokens, seed=seed, sampling=sampling,
-                           stop=stop_strings(present.get("stop")), stream_drafts=draft.drafts, draft=draft, length_field=length_field,
-                           prompt_field=prompt_field)
+                           stop=stop_strings(present.get("stop")), stream_drafts=draft.drafts, draft=draft,
+                           length_field=length_field, prompt_field=prompt_field)
 
 
 def check_length(settings: RequestSettings, prompt_length: int, canvas_length: int, max_model_len: int,
