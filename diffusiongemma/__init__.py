@@ -12,7 +12,7 @@ rather than letting the pipeline retry with transformers' built-in class.
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
 
 from .accuracy import Trace, load_trace
-from .constraints import ConstraintError, JsonSchema, Regex
+from .constraints import ConstraintError, JsonSchema, Regex, ToolCalls, parse_tool_calls
 from .generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig
 from .model import DiffusionGemmaForBlockDiffusion, PipelineLoadError
 from .modeling import BlockDiffusionCache, DiffusionGemmaConfig, DiffusionGemmaOutput, DiffusionGemmaTextConfig
@@ -49,9 +49,11 @@ __all__ = [
     "PipelineLoadError",
     "Regex",
     "SAMPLER_PRESETS",
+    "ToolCalls",
     "Trace",
     "load_processor",
     "load_trace",
+    "parse_tool_calls",
     "register_sampler",
     "sampler_preset",
 ]
