@@ -8,6 +8,8 @@ The server runs in this process (`BackgroundServer`: the app `diffusiongemma ser
 model's logits are not sharpened and its `confidence_threshold` is tiny, so every canvas runs all its steps.
 """
 
+import json
+import re
 import time
 import urllib.request
 
@@ -122,6 +124,27 @@ def test_a_run_draws_every_step_and_answers_as_the_api(live):
     assert text(driver, "output") == reply.choices[0].message.content
     assert text(driver, "error") == ""
     assert console_errors(driver) == []
+
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("fields, extra", [
+    (dict(regex="[ab]{2,6}"), {"regex": "[ab]{2,6}"}),
+    (dict(schema=json.dumps(SCHEMA)), {"response_format": {"type": "json_schema",
+                                                           "json_schema": {"name": "playground", "schema": SCHEMA}}}),
+    (dict(sampler="block-refinement"), {"sampler_preset": "block-refinement"}),
+])
+def test_constrained_and_preset_runs_answer_as_the_api(live, fields, extra):
+    served, server, driver, client, model = live
+    driver.get(server.url + "/playground")
+    state = run_page(driver, prompt="go", seed=3, max_tokens=16, **fields)
+    assert state.startswith("done"), text(driver, "error")
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "go"}], max_tokens=16,
+                                           seed=3, extra_body=extra)
+    assert text(driver, "output") == reply.choices[0].message.content
+    if "regex" in extra:
+        assert re.fullmatch(extra["regex"], text(driver, "output"))
 
 
 def test_stop_cancels_the_request_on_the_server(live):
