@@ -12,7 +12,7 @@ rather than letting the pipeline retry with transformers' built-in class.
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
 
 from .accuracy import Trace, load_trace
-from .constraints import ConstraintError, JsonSchema, Regex
+from .constraints import ConstraintError, JsonSchema, Regex, ToolCalls, parse_tool_calls
 from .generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig
 from .model import DiffusionGemmaForBlockDiffusion, PipelineLoadError
 from .modeling import BlockDiffusionCache, DiffusionGemmaConfig, DiffusionGemmaOutput, DiffusionGemmaTextConfig
@@ -57,9 +57,11 @@ __all__ = [
     "SAMPLER_PRESETS",
     "SamplerContext",
     "StepOutput",
+    "ToolCalls",
     "Trace",
     "load_processor",
     "load_trace",
+    "parse_tool_calls",
     "register_sampler",
     "register_stopper",
     "sampler_preset",
