@@ -21,6 +21,9 @@ setup(
         "huggingface_hub>=1.31,<3",
         "tqdm>=4.60",
         "outlines-core>=0.2.14,<0.3",  # constrained denoising (diffusiongemma/constraints); tested: 0.2.14
+        # checks every JSON schema and every constrained JSON answer at run time (constraints/schema_rules.py,
+        # answer_check.py); tested: 4.26
+        "jsonschema>=4.18,<5",
     ],
     extras_require={
         # the test extra carries the serve, vision and convert extras, so CI runs their tests (tests/serving,
@@ -30,9 +33,7 @@ setup(
                  "tensorstore==0.1.86", "jax[cpu]==0.10.2", "ml_dtypes>=0.5", "numpy>=1.26", "zstandard>=0.22",
                  "peft>=0.21,<0.22", "datasets>=5.2,<6",
                  # the reference for the commit-style samplers and the pipeline our model runs in (tested: 0.42.1)
-                 "diffusers>=0.42.1,<0.43",
-                 # validates constrained JSON answers in the tests (tested: 4.25)
-                 "jsonschema>=4.18,<5"],
+                 "diffusers>=0.42.1,<0.43"],
         # fine-tuning (docs/training.md): PEFT LoRA adapters, and `diffusiongemma train sft --data DATASET_DIR`
         # (a `datasets` save_to_disk folder); tested with peft 0.21.2, datasets 5.2.0
         "train": ["peft>=0.21,<0.22", "datasets>=5.2,<6"],

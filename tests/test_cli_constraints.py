@@ -34,7 +34,7 @@ def test_json_schema_file(saved_pair, capsys, tmp_path):
 def test_budget_ran_out(saved_pair, capsys):
     path, _, _ = saved_pair
     assert main(["generate", "--model", str(path), *ARGS, "--regex", "[a-z]{200}", "hi"]) == 3
-    assert "ran out before the answer matched the constraint" in capsys.readouterr().err
+    assert "max_new_tokens ran out before the" in capsys.readouterr().err
 
 
 def test_bad_arguments(saved_pair, capsys, tmp_path):

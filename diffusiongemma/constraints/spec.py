@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 
 from .errors import ConstraintError
+from .schema_rules import check_schema, outlines_schema, strip_anchors
 
 # Keywords whose meaning outlines-core's regex enforces (or that only annotate). Anything else is refused.
 ANNOTATIONS = {"title", "description", "$schema", "$id", "$comment", "examples", "default", "deprecated", "readOnly",
@@ -25,7 +26,8 @@ class Regex:
     back-references). The answer is the generated text up to EOS, without the prompt.
 
     Args:
-        pattern: the regular expression; anchored at both ends.
+        pattern: the regular expression; anchored at both ends (a leading `^` and a trailing `$` are accepted and
+            change nothing; anchors anywhere else are refused).
     """
 
     pattern: str
@@ -35,9 +37,14 @@ class Regex:
             raise ConstraintError(f"Regex pattern must be a str, got {type(self.pattern).__name__}")
         if not self.pattern:
             raise ConstraintError("Regex pattern is empty: it would allow only the empty answer")
+        inner = inner_anchor(strip_anchors(self.pattern))
+        if inner is not None:
+            raise ConstraintError(f"Regex pattern {self.pattern!r}: anchor {inner[1]!r} at offset {inner[0]} is not "
+                                  f"supported (the whole answer must match the pattern: `^` and `$` are accepted only "
+                                  f"at its two ends)")
 
     def to_regex(self) -> str:
-        return self.pattern
+        return strip_anchors(self.pattern)
 
     def describe(self) -> str:
         return f"Regex({self.pattern!r})"
@@ -68,15 +75,20 @@ class JsonSchema:
             raise ConstraintError(f"JsonSchema: the schema must be a JSON object (a dict), got "
                                   f"{type(schema).__name__}")
         check_keywords(schema, "schema")
+        check_schema(schema)
         object.__setattr__(self, "text", json.dumps(schema, sort_keys=False))
 
     def to_regex(self) -> str:
         from outlines_core.json_schema import build_regex_from_schema
 
         try:
-            return build_regex_from_schema(self.text, self.whitespace)
+            return build_regex_from_schema(json.dumps(outlines_schema(self.as_dict())), self.whitespace)
         except (ValueError, TypeError) as error:
             raise ConstraintError(f"JsonSchema: outlines-core cannot compile this schema: {error}") from None
+
+    def as_dict(self) -> dict:
+        """The schema as a dict (a fresh copy)."""
+        return json.loads(self.text)
 
     def describe(self) -> str:
         return f"JsonSchema({self.text[:80]}{'...' if len(self.text) > 80 else ''})"
@@ -114,6 +126,28 @@ def check_keywords(node, where: str) -> None:
             check_keywords(value, here)
         elif key == "format" and value not in FORMATS:
             raise ConstraintError(f"JsonSchema: unsupported format {value!r} at {here} (supported: {sorted(FORMATS)})")
+
+
+def inner_anchor(pattern: str) -> tuple[int, str] | None:
+    """(offset, character) of the first `^` or `$` that is an anchor (not escaped, not inside `[...]`), or None."""
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            i += 1
+            i += pattern.startswith("^", i)  # a negated class
+            i += pattern.startswith("]", i)  # a literal `]` first in the class
+            continue
+        elif c in "^$":
+            return i, c
+        i += 1
+    return None
 
 
 def as_constraint(value):
