@@ -8,7 +8,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["diffusiongemma", "diffusiongemma.*"]),
-    package_data={"diffusiongemma": ["sudoku/demo_model/*"]},
+    package_data={"diffusiongemma": ["sudoku/demo_model/*", "serving/playground.html"]},
     include_package_data=True,
     # Every third-party import of the package, with the versions we test (see README, "Install").
     install_requires=[
@@ -33,7 +33,9 @@ setup(
                  "tensorstore==0.1.86", "jax[cpu]==0.10.2", "ml_dtypes>=0.5", "numpy>=1.26", "zstandard>=0.22",
                  "peft>=0.21,<0.22", "datasets>=5.2,<6",
                  # the reference for the commit-style samplers and the pipeline our model runs in (tested: 0.42.1)
-                 "diffusers>=0.42.1,<0.43"],
+                 "diffusers>=0.42.1,<0.43",
+                 # drives the system's headless Chromium in the playground test (tested: 4.51)
+                 "selenium>=4.30,<5"],
         # fine-tuning (docs/training.md): PEFT LoRA adapters, and `diffusiongemma train sft --data DATASET_DIR`
         # (a `datasets` save_to_disk folder); tested with peft 0.21.2, datasets 5.2.0
         "train": ["peft>=0.21,<0.22", "datasets>=5.2,<6"],

@@ -60,7 +60,7 @@ def answer_problem(automaton: TokenAutomaton, tokenizer, tokens: list[int], comp
         complete: the automaton accepted the whole answer (a truncated one is only checked for its decoding).
     """
     ids = answer_ids(tokens, automaton.end_ids)
-    text = tokenizer.decode(ids, skip_special_tokens=True)
+    text = tokenizer.decode(ids)  # an answer holds no special token but those its constraint spells (ToolCalls)
     spelled = b"".join(automaton.spelled[t] or b"" for t in ids).decode("utf-8", errors="replace")
     if text != spelled:
         return (f"{automaton.description}: decode() gives {text[:80]!r} where the tokens spell {spelled[:80]!r}, so "
