@@ -76,8 +76,8 @@ class JsonSchema:
             raise ConstraintError(f"JsonSchema: the schema must be a JSON object (a dict), got "
                                   f"{type(schema).__name__}")
         check_keywords(schema, "schema")
-        check_schema(schema)
         with_bound_markers(schema)  # refuses bounds it cannot enforce, naming their place
+        check_schema(schema)
         object.__setattr__(self, "text", json.dumps(schema, sort_keys=False))
 
     def to_regex(self) -> str:
