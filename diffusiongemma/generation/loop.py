@@ -24,6 +24,7 @@ from .batching import generate_in_chunks, generate_mixed
 from .invariant import invariant_batching
 from .finite import NonFiniteLogitsError, raise_for_faults
 from .outputs import DiffusionGemmaGenerationOutput, generation_output, tokens_per_forward
+from .recording import trace_recorder
 from .resolve import GenerationRun, check_ar_sampling_kwargs, generated_length, resolve_batching, resolve_run
 from .engine import Plan, soft_embedder
 from .sampler import init_sampler_state, temperature_schedule
@@ -155,9 +156,7 @@ def generate_lockstep(model, run: GenerationRun, streamer, compile_options: dict
     settings = step_settings(model, run, cache, streamer, compile_options)
     recorder = None
     if run.trace_top_k is not None:  # off by default: no recording work at all
-        from ..accuracy.record import TraceRecorder
-
-        recorder = TraceRecorder(model, run)
+        recorder = trace_recorder(model, run)  # accuracy's recorder (recording.py: generation never imports it)
     if streamer is not None:
         streamer.put(input_ids.cpu())
     sequences = input_ids  # [B, P + c*L]

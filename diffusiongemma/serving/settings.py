@@ -68,6 +68,7 @@ class RequestSettings:
     constraint_field: str | None = None  # the body field it came from
     automaton: object = None  # the constraint compiled over the server's tokenizer
     tokenizer: object = None  # that tokenizer
+    tools: object = None  # the `ToolCallReader` of a request with `tools` (serving/tools.py)
 
     @property
     def eos_token_id(self):
