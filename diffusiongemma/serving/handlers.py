@@ -5,16 +5,17 @@
 - `_validate_request`: also refuses fields this server cannot honour and malformed `messages`/`prompt`/`stream`
   (`request_checks.py`: 400 naming the field);
 - `_build_generation_config`: builds and validates our `RequestSettings` (400 naming the bad field);
-- `_build_chunk_sse`: a `DraftText` queue item becomes a chunk with an empty delta and the extra `draft` field;
+- `_build_chunk_sse`: a `DraftText` queue item becomes a chunk with an empty delta and the extra `draft` field
+  (drafts.py);
 - `_non_streaming`: the JSON response waits in a response object that also watches for the client leaving, so a
   non-streaming request is cancelled like a streaming one (transformers serve cancels streams only).
 
-Everything else (templates, tool parsing, SSE framing, usage, finish reasons) is transformers serve's own code.
+Everything else (templates, SSE framing, usage, finish reasons) is transformers serve's own code; OpenAI `tools` are
+read, constrained and parsed in tools.py.
 `add_error_handlers` answers a bad field (400) and a full queue (429) in the OpenAI error format.
 """
 
 import asyncio
-import json
 from typing_extensions import TypedDict  # the base classes are typing_extensions TypedDicts
 
 from fastapi import HTTPException
@@ -30,7 +31,8 @@ from .request_checks import check_chat_body, check_completion_body
 from .constraint_fields import request_constraint
 from .scheduler import QueueFull
 from .settings import BadRequestField, request_settings
-from .streamer import DraftText
+from .drafts import DraftText, with_draft
+from .tools import ToolsHandlerMixin, with_tool_calls
 
 
 class DiffusionSettingFields(TypedDict, total=False):
@@ -44,6 +46,8 @@ class DiffusionSettingFields(TypedDict, total=False):
     confidence_threshold: float
     sampling: str
     stream_drafts: bool
+    draft_confidence: bool  # each position's token and confidence in the drafts (drafts.py)
+    diffusion_frame: bool  # the drafts also as Unsloth Studio's `diffusion_frame` events
     # `sampler` and the built-in samplers' settings (sampler_request.py; tests check this list is complete)
     sampler: str
     sampler_preset: str  # a named preset (generation/sampler_presets.py)
@@ -68,18 +72,6 @@ class DiffusionTextFields(TransformersTextCompletionCreateParams, DiffusionSetti
     """Legacy completion request fields plus the diffusion settings (and `response_format`, as for chat)."""
 
     response_format: dict
-
-
-def draft_field(draft: DraftText) -> dict:
-    """The documented `draft` field of a chunk (docs/serving.md)."""
-    return {"text": str(draft), "canvas": draft.canvas, "step": draft.step, "provisional": True}
-
-
-def with_draft(sse: str, draft: DraftText) -> str:
-    """Add the `draft` field to one SSE `data: {...}` event."""
-    payload = json.loads(sse.removeprefix("data: "))
-    payload["draft"] = draft_field(draft)
-    return f"data: {json.dumps(payload)}\n\n"
 
 
 class DisconnectAwareResponse(Response):
@@ -134,12 +126,17 @@ class DiffusionHandlerMixin:
         return DisconnectAwareResponse(lambda: compute(*args, **kwargs))
 
 
-class DiffusionChatHandler(DiffusionHandlerMixin, ChatCompletionHandler):
-    """`/v1/chat/completions` for block diffusion."""
+class DiffusionChatHandler(DiffusionHandlerMixin, ToolsHandlerMixin, ChatCompletionHandler):
+    """`/v1/chat/completions` for block diffusion (with OpenAI `tools`: serving/tools.py)."""
 
     _valid_params_class = DiffusionFields
     check_body = staticmethod(check_chat_body)
-    _unused_fields = UNUSED_CHAT_COMPLETION_FIELDS - {"response_format"}  # honoured (constraint_fields.py)
+    # honoured: response_format (constraint_fields.py), tool_choice and parallel_tool_calls (tools.py)
+    _unused_fields = UNUSED_CHAT_COMPLETION_FIELDS - {"response_format", "tool_choice", "parallel_tool_calls"}
+
+    def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
+        settings = super()._build_generation_config(body, model_generation_config, use_cb)
+        return with_tool_calls(settings, body)  # `tools`: the ToolCalls constraint (400 naming a bad field)
 
     def _build_chunk_sse(self, request_id: str = "", content=None, model=None, **kwargs) -> str:
         if isinstance(content, DraftText):

@@ -17,7 +17,6 @@ UNSUPPORTED: dict[str, tuple[tuple, str]] = {
                              "next-token distribution"),
     "top_logprobs": ((0,), "log-probabilities are not reported"),
     "echo": ((False,), "the prompt is not echoed back"),
-    "tool_choice": (("auto",), "only `auto` (the model decides from `tools`) is served"),
     "function_call": (("auto",), "deprecated functions API: use `tools`"),
     "functions": ((), "deprecated functions API: use `tools`"),
     "presence_penalty": ((0, 0.0), "repetition penalties are not applied by block diffusion"),
