@@ -101,7 +101,10 @@ class DiffusionGemmaLM(TemplateLM):
         if max_denoising_steps is not None:
             self.overrides["max_denoising_steps"] = _positive("max_denoising_steps", max_denoising_steps)
         if sampler_preset is not None:
-            self.overrides["sampler_config"] = preset_config(sampler_preset, "sampler_preset")
+            try:
+                self.overrides["sampler_config"] = preset_config(sampler_preset, "sampler_preset")
+            except ValueError as error:
+                raise ValueError(f"model arg `sampler_preset`: {error}") from None
         if sampling is not None:
             self.overrides["sampling"] = sampling
         self.model = load_model(pretrained, dtype, device, device_map, peft)
