@@ -16,7 +16,12 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
     DiffusionGemmaGenerationConfig as _BuiltinGenerationConfig,
 )
 
-from .sampler_configs import EntropyBoundSamplerConfig, sampler_config_class, sampler_config_names
+from .sampler_configs import (
+    EntropyBoundSamplerConfig,
+    check_sampler_config,
+    sampler_config_class,
+    sampler_config_names,
+)
 
 __all__ = ["DiffusionGemmaGenerationConfig", "EntropyBoundSamplerConfig", "GLOBAL_DEFAULTS", "MAX_DENOISING_STEPS",
            "MAX_STABILITY_THRESHOLD", "resolve_generation_config", "validate_field"]
@@ -77,6 +82,8 @@ class DiffusionGemmaGenerationConfig(_BuiltinGenerationConfig):
             not isinstance(bound, float) or not math.isfinite(bound) or bound <= 0
         ):
             raise ValueError(f"`sampler_config.entropy_bound` must be a finite float > 0, got {bound!r}")
+        if self.sampler_config is not None:
+            check_sampler_config(self.sampler_config, self.max_denoising_steps)  # fields changed after construction
         if self.cache_implementation not in (None, "dynamic"):
             raise ValueError(
                 f"`cache_implementation` must be None or 'dynamic' (diffusiongemma keeps its own block cache), "

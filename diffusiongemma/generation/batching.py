@@ -50,7 +50,8 @@ def chunk_images(images, offsets: list[int], a: int, b: int) -> dict:
 def generate_in_chunks(generate, model, run: GenerationRun):
     """Lock-step fast mode over consecutive chunks of `run.max_batch_size` rows; `generate` runs one chunk.
 
-    Each chunk keeps its rows' generators, so a row's tokens are those of its chunk run alone. Chunks that stopped
+    Each chunk runs the sampler the call resolved (`run.sampling`, under the config's `sampler_config`) and keeps its
+    rows' generators, so a row's tokens are those of its chunk run alone. Chunks that stopped
     after fewer canvases are filled up to the longest with pad (with 0, and a warning, when there is no pad id).
     `resolve_batching` refused a streamer and `past_key_values` here: chunks share neither.
     """
@@ -64,7 +65,7 @@ def generate_in_chunks(generate, model, run: GenerationRun):
         vision = chunk_images(run.images, offsets, a, a + chunk) if run.images is not None else {}
         outs.append(generate(
             model, ids[a : a + chunk], None if mask is None else mask[a : a + chunk], generation_config=config,
-            logits_processor=run.processors, stopping_criteria=run.user_criteria, sampling="fast",
+            logits_processor=run.processors, stopping_criteria=run.user_criteria, sampling=run.sampling,
             generator=run.generators[a : a + chunk], batching="lockstep", return_dict_in_generate=True,
             constraint=run.constraint, tokenizer=run.tokenizer,
             **{k: v[a : a + chunk] for k, v in seeded.items() if v is not None}, **vision,

@@ -23,6 +23,7 @@ from ..generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamp
 from ..generation_config import validate_field
 from ..generation.resolve import SEED_MAX
 from ..generation.sampler import sampling_names
+from ..sampler_configs import check_sampler_config
 from .sampler_request import request_sampler_config
 
 logger = logging.get_logger(__name__)
@@ -140,6 +141,12 @@ def request_settings(body: dict, model_generation_config) -> RequestSettings:
             raise BadRequestField("entropy_bound", f"must be > 0, got {bound!r}")
         config.sampler_config = EntropyBoundSamplerConfig(entropy_bound=bound)
     config.sampler_config = request_sampler_config(present, config.sampler_config, BadRequestField)  # `sampler`
+    try:  # e.g. corrector_steps against this request's step budget
+        check_sampler_config(config.sampler_config, config.max_denoising_steps)
+    except ValueError as error:
+        field = next((n for n in ("corrector_steps", "max_denoising_steps", "sampler_preset", "sampler")
+                      if n in present), "sampler")
+        raise BadRequestField(field, str(error)) from None
     if not config.t_max > config.t_min:
         def cited(n):
             origin = "sent" if n in present else "this server's default"

@@ -2,6 +2,7 @@
 written, through lock-step and mixed `generate`, the server's scheduler and trace recording; its config round-trips
 through generation_config.json; per-position processors see the same rows in every mode."""
 
+import dataclasses
 import pathlib
 import re
 
@@ -132,3 +133,37 @@ def test_register_sampler_checks_its_arguments():
     with pytest.raises(ValueError, match="must be a registered sampler config"):
         torch.manual_seed(0)
         tiny_model().generate(torch.arange(3, 8)[None], sampler_config=object(), **KW)
+
+
+class CountingSampler(EXAMPLE["TopConfidenceSampler"]):
+    """The docs' sampler registered under another name; counts its steps."""
+
+    steps = 0
+
+    def step(self, *args, **kwargs):
+        type(self).steps += 1
+        return super().step(*args, **kwargs)
+
+
+@dataclasses.dataclass
+class ChunkedConfig(Config):
+    """A config class of its own, so registering "mine" for it touches no other test's registry entry."""
+
+    def to_dict(self):
+        return {"keep": self.keep, "_cls_name": type(self).__name__}
+
+
+diffusiongemma.register_sampler(ChunkedConfig, EXAMPLE["TopConfidenceSampler"])  # the default ("fast")
+diffusiongemma.register_sampler(ChunkedConfig, CountingSampler, sampling="mine")
+
+
+def test_a_sampler_under_another_name_runs_in_lockstep_chunks(model):
+    """Lock-step chunks (max_batch_size below the batch) run the sampler the call named, not the config's default."""
+    ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(2))
+    CountingSampler.steps = 0
+    chunked = model.generate(ids, sampler_config=ChunkedConfig(keep=3), sampling="mine", seed=[1, 2],
+                             batching="lockstep", max_batch_size=1, **KW)
+    assert CountingSampler.steps > 0
+    whole = model.generate(ids, sampler_config=ChunkedConfig(keep=3), sampling="mine", seed=[1, 2],
+                           batching="lockstep", **KW)
+    assert torch.equal(chunked.sequences, whole.sequences)  # equal prompt lengths: each row as in one batch

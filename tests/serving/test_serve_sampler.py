@@ -68,6 +68,9 @@ def test_settings_alone_adjust_the_servers_sampler():
     ({"sampler_preset": 1}, "sampler_preset"),
     ({"sampler_preset": "discrete-ddim", "sampler": "block-refinement"}, "sampler"),
     ({"sampler_preset": "discrete-ddim", "threshold": 0.5}, "threshold"),
+    ({"sampler": "discrete-ddim", "corrector_steps": 10**12}, "corrector_steps"),
+    ({"sampler": "discrete-ddim", "corrector_steps": 4, "max_denoising_steps": 5}, "corrector_steps"),
+    ({"sampler": "discrete-ddim", "corrector_steps": 47}, "corrector_steps"),  # the default budget is 48
 ])
 def test_bad_sampler_fields_name_the_field(body, field):
     with pytest.raises(BadRequestField) as error:
