@@ -102,18 +102,25 @@ def sample_scores(model, context: torch.Tensor, labels: torch.Tensor, samples: i
     return torch.cat(scores)
 
 
-def is_fixed_point(model, context: torch.Tensor, labels: torch.Tensor) -> bool:
-    """Whether the denoiser, given the clean continuation (t = 0) after its clean prefix, predicts every scored token
-    back as its argmax: the continuation is a canvas generation's stability check would stop on (the argmax canvas
-    no longer changes), so this is the block-diffusion counterpart of 'greedy decoding produces it'."""
+def fixed_point_logits(model, context: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """[R, V] fp32: the denoiser's logits (temperature 1, no self-conditioning) for the clean canvases of `labels` [R]
+    (-100 = pad) after the clean `context` [P], each canvas seeing its clean prefix and itself (t = 0). The scoring
+    of `compare` (accuracy/engine_compare.py) and of the server's `logprobs` (serving/logprobs.py)."""
     K = labels.shape[0] // model.canvas_length
     clean = clean_response(model, labels[None].to(context.device))  # [1, R]
     noise = CanvasNoise(clean, torch.zeros(1, K, device=context.device),
                         torch.zeros(1, K, dtype=torch.bool, device=context.device))
-    batch_labels = labels[None].to(context.device)
-    logits = multi_canvas_loss(model, context[None], batch_labels, ar_weight=0.0, noise=noise).logits  # [1, R, V]
-    scored = batch_labels != IGNORE_INDEX
-    return bool((logits.argmax(dim=-1) == batch_labels)[scored].all())
+    return multi_canvas_loss(model, context[None], labels[None].to(context.device), ar_weight=0.0,
+                             noise=noise).logits[0]
+
+
+def is_fixed_point(model, context: torch.Tensor, labels: torch.Tensor) -> bool:
+    """Whether the denoiser, given the clean continuation (t = 0) after its clean prefix, predicts every scored token
+    back as its argmax: the continuation is a canvas generation's stability check would stop on (the argmax canvas
+    no longer changes), so this is the block-diffusion counterpart of 'greedy decoding produces it'."""
+    labels = labels.to(context.device)
+    scored = labels != IGNORE_INDEX
+    return bool((fixed_point_logits(model, context, labels).argmax(dim=-1) == labels)[scored].all())
 
 
 @torch.no_grad()
