@@ -8,7 +8,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["diffusiongemma", "diffusiongemma.*"]),
-    package_data={"diffusiongemma": ["sudoku/demo_model/*"]},
+    package_data={"diffusiongemma": ["sudoku/demo_model/*", "serving/playground.html"]},
     include_package_data=True,
     # Every third-party import of the package, with the versions we test (see README, "Install").
     install_requires=[
@@ -34,7 +34,9 @@ setup(
                  # validates constrained JSON answers in the tests (tested: 4.25)
                  "jsonschema>=4.18,<5",
                  # the lm-eval adapter's tests (tests/evaluation)
-                 "lm_eval==0.4.13"],
+                 "lm_eval==0.4.13",
+                 # drives the system's headless Chromium in the playground test (tested: 4.51)
+                 "selenium>=4.30,<5"],
         # fine-tuning (docs/training.md): PEFT LoRA adapters, and `diffusiongemma train sft --data DATASET_DIR`
         # (a `datasets` save_to_disk folder); tested with peft 0.21.2, datasets 5.2.0
         "train": ["peft>=0.21,<0.22", "datasets>=5.2,<6"],

@@ -121,8 +121,10 @@ def check_keywords(node, where: str) -> None:
 
 
 def as_constraint(value):
-    """A `Regex` or `JsonSchema` as given, or a clear error for anything else (None passes through)."""
-    if value is None or isinstance(value, (Regex, JsonSchema)):
+    """A `Regex`, `JsonSchema` or `ToolCalls` as given, or a clear error for anything else (None passes through)."""
+    from .tools import ToolCalls
+
+    if value is None or isinstance(value, (Regex, JsonSchema, ToolCalls)):
         return value
-    raise TypeError(f"`constraint` must be diffusiongemma.Regex(...) or diffusiongemma.JsonSchema(...), got "
-                    f"{type(value).__name__}")
+    raise TypeError(f"`constraint` must be diffusiongemma.Regex(...) or diffusiongemma.JsonSchema(...) (or "
+                    f"diffusiongemma.ToolCalls(...)), got {type(value).__name__}")

@@ -5,7 +5,8 @@
 - `_validate_request`: also refuses fields this server cannot honour and malformed `messages`/`prompt`/`stream`
   (`request_checks.py`: 400 naming the field);
 - `_build_generation_config`: builds and validates our `RequestSettings` (400 naming the bad field);
-- `_build_chunk_sse`: a `DraftText` queue item becomes a chunk with an empty delta and the extra `draft` field;
+- `_build_chunk_sse`: a `DraftText` queue item becomes a chunk with an empty delta and the extra `draft` field
+  (drafts.py);
 - `_non_streaming`: the JSON response waits in a response object that also watches for the client leaving, so a
   non-streaming request is cancelled like a streaming one (transformers serve cancels streams only); with
   `logprobs` asked, the response gets its `choices[0].logprobs` (serving/logprobs.py);
@@ -28,12 +29,12 @@ from transformers.cli.serving.chat_completion import (
 )
 from transformers.cli.serving.completion import CompletionHandler, TransformersTextCompletionCreateParams
 
-from .logprobs import chat_logprobs, completion_logprobs, requested_top
+from .logprobs import LogprobText, chat_logprobs, completion_logprobs, requested_top
 from .request_checks import check_chat_body, check_completion_body
 from .constraint_fields import request_constraint
 from .scheduler import QueueFull
 from .settings import BadRequestField, request_settings
-from .streamer import DraftText, LogprobText
+from .drafts import DraftText, with_draft
 
 
 class DiffusionSettingFields(TypedDict, total=False):
@@ -47,9 +48,13 @@ class DiffusionSettingFields(TypedDict, total=False):
     confidence_threshold: float
     sampling: str
     stream_drafts: bool
+    draft_confidence: bool  # each position's token and confidence in the drafts (drafts.py)
+    diffusion_frame: bool  # the drafts also as Unsloth Studio's `diffusion_frame` events
     # `sampler` and the built-in samplers' settings (sampler_request.py; tests check this list is complete)
     sampler: str
     sampler_preset: str  # a named preset (generation/sampler_presets.py)
+    sampler_settings: dict  # any sampler's settings in one object, plug-ins included
+    stopper_settings: dict  # a plug-in stopper's settings (stopper_request.py)
     threshold: float
     editing_threshold: float
     greedy: bool
@@ -69,18 +74,6 @@ class DiffusionTextFields(TransformersTextCompletionCreateParams, DiffusionSetti
     """Legacy completion request fields plus the diffusion settings (and `response_format`, as for chat)."""
 
     response_format: dict
-
-
-def draft_field(draft: DraftText) -> dict:
-    """The documented `draft` field of a chunk (docs/serving.md)."""
-    return {"text": str(draft), "canvas": draft.canvas, "step": draft.step, "provisional": True}
-
-
-def with_draft(sse: str, draft: DraftText) -> str:
-    """Add the `draft` field to one SSE `data: {...}` event."""
-    payload = json.loads(sse.removeprefix("data: "))
-    payload["draft"] = draft_field(draft)
-    return f"data: {json.dumps(payload)}\n\n"
 
 
 def with_logprobs(sse: str, logprobs: dict) -> str:

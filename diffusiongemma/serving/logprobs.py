@@ -59,6 +59,20 @@ def requested_top(body: dict, chat: bool) -> int | None:
     return top
 
 
+class LogprobText(str):
+    """Text of committed tokens with their `TokenLogprob`s (`entries`); `offset` is where the text starts in the
+    answer (completions' `text_offset`), `tokenizer` names the tokens."""
+
+    entries: list
+    offset: int
+    tokenizer: object
+
+    def __new__(cls, text: str, entries: list, offset: int, tokenizer):
+        item = super().__new__(cls, text)
+        item.entries, item.offset, item.tokenizer = entries, offset, tokenizer
+        return item
+
+
 @dataclass
 class TokenLogprob:
     """One generated token: its id and log-probability, and the top alternatives as (id, log-probability)."""

@@ -3,9 +3,10 @@
 Spec D.7: `put(prompt)`, then `put_draft(value=[1, L])` after every denoising step and `put([1, L])` for every committed
 canvas, then `end()`. Committed tokens become ordinary text items on the request's queue (decoded incrementally, fed
 through the response parser when the model has one, exactly as `DirectStreamer` does); drafts, when the request asked
-for them, become `DraftText` items that the handlers turn into the documented `draft` field of a chunk. A request
-that asked for `logprobs` has a `scorer` (serving/logprobs.py) that scores each committed canvas; the tokens whose
-text has been sent go out as `LogprobText` items (with that text, or after the parser's items, with none).
+for them, become `DraftText` items that the handlers turn into the documented `draft` field of a chunk (with each
+position's token and confidence, or the `diffusion_frame` fields, when asked: drafts.py). A request that asked for
+`logprobs` has a `scorer` (serving/logprobs.py) that scores each committed canvas; the tokens whose text has been sent
+go out as `LogprobText` items (with that text, or after the parser's items, with none).
 
 The response holds at most `max_new_tokens` tokens and ends at the first EOS; a `stop` string ends it too (the text
 before it is kept, and `generated`, which the usage and `finish_reason` count, keeps only the tokens whose text lies
@@ -17,34 +18,9 @@ import threading
 
 from transformers.cli.serving.utils import DirectStreamer, _GenerationCancelled, response_events_to_chunks
 
+from .drafts import DraftText
+from .logprobs import LogprobText
 from .settings import RequestSettings
-
-
-class DraftText(str):
-    """Provisional text of the canvas being denoised (the argmax canvas after a step). `canvas` counts the canvases
-    committed before it, `step` the denoising steps of this canvas so far (from 1)."""
-
-    canvas: int
-    step: int
-
-    def __new__(cls, text: str, canvas: int, step: int):
-        draft = super().__new__(cls, text)
-        draft.canvas, draft.step = canvas, step
-        return draft
-
-
-class LogprobText(str):
-    """Text of committed tokens with their `TokenLogprob`s (`entries`); `offset` is where the text starts in the
-    answer (completions' `text_offset`), `tokenizer` names the tokens."""
-
-    entries: list
-    offset: int
-    tokenizer: object
-
-    def __new__(cls, text: str, entries: list, offset: int, tokenizer):
-        item = super().__new__(cls, text)
-        item.entries, item.offset, item.tokenizer = entries, offset, tokenizer
-        return item
 
 
 class RowStreamer(DirectStreamer):
@@ -64,6 +40,7 @@ class RowStreamer(DirectStreamer):
         self.max_new_tokens = settings.max_new_tokens
         self.stop = settings.stop
         self.drafts = settings.stream_drafts
+        self._pieces: dict[int, str] = {}  # token id -> its text alone (the drafts' per-position tokens)
         eos = settings.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
         self.settings = settings
@@ -178,15 +155,29 @@ class RowStreamer(DirectStreamer):
             self._done = True
         self._emit(self._filter_stop("".join(pieces), final=False))  # a stop string may shorten `generated`
 
-    def put_draft(self, value=None, logits=None) -> None:
-        """value [1, L]: the argmax canvas after a denoising step."""
+    def put_draft(self, value=None, logits=None, confidence: list[float] | None = None) -> None:
+        """value [1, L]: the argmax canvas after a denoising step; confidence: its L positions' confidences
+        (`drafts.draft_confidence`), given when the request asked for them."""
         if self._check_cancelled():
             return
         self.step += 1
         if not self.drafts or value is None or self._done:
             return
-        ids = value.reshape(-1).tolist()[: self.max_new_tokens - len(self.generated)]
-        self._enqueue(DraftText(self.tokenizer.decode(ids, skip_special_tokens=True), self.canvas, self.step))
+        canvas = value.reshape(-1).tolist()
+        budget = self.max_new_tokens - len(self.generated)  # positions that may still enter the answer
+        text = self.tokenizer.decode(canvas[:budget], skip_special_tokens=True)
+        detail = None
+        if self.settings.draft.confidence:
+            detail = {"tokens": [self._piece(t) for t in canvas], "confidence": confidence,
+                      "budget": min(budget, len(canvas)), "max_steps": self.settings.config.max_denoising_steps}
+        self._enqueue(DraftText(text, self.canvas, self.step, detail, self.settings.config.max_denoising_steps,
+                                self.settings.draft.frame))
+
+    def _piece(self, token: int) -> str:
+        """One token's text decoded alone, special tokens included (a canvas position of the draft)."""
+        if token not in self._pieces:
+            self._pieces[token] = self.tokenizer.decode([token], skip_special_tokens=False)
+        return self._pieces[token]
 
     def end(self) -> None:
         """Flush the held-back text and close the stream (once, whoever calls it)."""
