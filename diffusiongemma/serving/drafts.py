@@ -49,7 +49,7 @@ def draft_options(present: dict, per_row_sampler: bool, bad_field) -> DraftOptio
         if not isinstance(value, bool):
             raise bad_field(name, f"must be true or false, got {value!r}")
         asked[name] = value
-    for name in ("draft_confidence", "diffusion_frame"):
+    for name in DRAFT_FIELDS:  # a non-streaming response has nowhere to put them: refused, never dropped
         if asked[name] and present.get("stream") is not True:
             raise bad_field(name, "drafts travel in a stream: send it with `stream: true`")
     if asked["draft_confidence"] and not per_row_sampler:

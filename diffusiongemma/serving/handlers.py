@@ -12,7 +12,8 @@
   `logprobs` asked, the response gets its `choices[0].logprobs` (serving/logprobs.py);
 - `_build_chunk_sse`: a `LogprobText` item carries its tokens' `logprobs` into the chunk.
 
-Everything else (templates, tool parsing, SSE framing, usage, finish reasons) is transformers serve's own code.
+Everything else (templates, SSE framing, usage, finish reasons) is transformers serve's own code; OpenAI `tools` are
+read, constrained and parsed in tools.py.
 `add_error_handlers` answers a bad field (400) and a full queue (429) in the OpenAI error format.
 """
 
@@ -35,6 +36,7 @@ from .constraint_fields import request_constraint
 from .scheduler import QueueFull
 from .settings import BadRequestField, request_settings
 from .drafts import DraftText, with_draft
+from .tools import ToolsHandlerMixin, with_tool_calls
 
 
 class DiffusionSettingFields(TypedDict, total=False):
@@ -148,13 +150,19 @@ class DiffusionHandlerMixin:
         return DisconnectAwareResponse(make)
 
 
-class DiffusionChatHandler(DiffusionHandlerMixin, ChatCompletionHandler):
-    """`/v1/chat/completions` for block diffusion."""
+class DiffusionChatHandler(DiffusionHandlerMixin, ToolsHandlerMixin, ChatCompletionHandler):
+    """`/v1/chat/completions` for block diffusion (with OpenAI `tools`: serving/tools.py)."""
 
     _valid_params_class = DiffusionFields
     check_body = staticmethod(check_chat_body)
-    # honoured: response_format (constraint_fields.py), logprobs and top_logprobs (serving/logprobs.py)
-    _unused_fields = UNUSED_CHAT_COMPLETION_FIELDS - {"response_format", "logprobs", "top_logprobs"}
+    # honoured: response_format (constraint_fields.py), tool_choice and parallel_tool_calls (tools.py), logprobs and
+    # top_logprobs (serving/logprobs.py)
+    _unused_fields = UNUSED_CHAT_COMPLETION_FIELDS - {"response_format", "tool_choice", "parallel_tool_calls",
+                                                      "logprobs", "top_logprobs"}
+
+    def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
+        settings = super()._build_generation_config(body, model_generation_config, use_cb)
+        return with_tool_calls(settings, body)  # `tools`: the ToolCalls constraint (400 naming a bad field)
 
     def _build_chunk_sse(self, request_id: str = "", content=None, model=None, **kwargs) -> str:
         if isinstance(content, DraftText):

@@ -15,7 +15,6 @@ UNSUPPORTED: dict[str, tuple[tuple, str]] = {
     "n": ((1,), "one choice per request: send several requests (each with its own seed)"),
     "best_of": ((1,), "one choice per request: send several requests"),
     "echo": ((False,), "the prompt is not echoed back"),
-    "tool_choice": (("auto",), "only `auto` (the model decides from `tools`) is served"),
     "function_call": (("auto",), "deprecated functions API: use `tools`"),
     "functions": ((), "deprecated functions API: use `tools`"),
     "presence_penalty": ((0, 0.0), "repetition penalties are not applied by block diffusion"),

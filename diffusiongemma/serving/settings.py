@@ -70,6 +70,7 @@ class RequestSettings:
     tokenizer: object = None  # that tokenizer
     logprobs: int | None = None  # top alternatives per token when the request asks for logprobs (serving/logprobs.py)
     logprob_entries: list = field(default_factory=list)  # the answer's `TokenLogprob`s, filled by its streamer
+    tools: object = None  # the `ToolCallReader` of a request with `tools` (serving/tools.py)
 
     @property
     def eos_token_id(self):

@@ -33,6 +33,7 @@ def test_confidence_is_one_minus_the_normalized_entropy():
     ({"diffusion_frame": "yes", "stream": True}, "diffusion_frame", "true or false"),
     ({"draft_confidence": True}, "draft_confidence", "stream: true"),
     ({"diffusion_frame": True, "stream": False}, "diffusion_frame", "stream: true"),
+    ({"stream_drafts": True}, "stream_drafts", "stream: true"),  # a JSON response would drop them
 ])
 def test_bad_draft_fields_name_the_field(body, field, message):
     with pytest.raises(BadRequestField, match=message) as error:
