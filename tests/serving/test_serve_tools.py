@@ -33,7 +33,7 @@ def live(tmp_path_factory):
     served = build_app(ServeOptions(model=str(path), max_model_len=1024, max_batch_size=4, max_queue=16))
     server = BackgroundServer(served.app).start()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120, max_retries=0)
-    yield client, client.models.list().data[0].id
+    yield client, client.models.list().data[0].id, server.url
     server.stop()
     served.state.shutdown()
     torch.set_num_threads(threads)
@@ -50,7 +50,7 @@ def check_calls(calls, names=None) -> None:
 @pytest.mark.parametrize("choice, names", [("required", None), ({"type": "function", "function": {"name": "book"}},
                                                                   {"book"})], ids=["required", "named"])
 def test_calls_validate_streamed_and_not(live, choice, names):
-    client, model = live
+    client, model, _ = live
     for seed in range(3):
         reply = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice=choice, seed=seed,
                                                max_tokens=64)
@@ -73,7 +73,7 @@ def test_calls_validate_streamed_and_not(live, choice, names):
 
 def test_the_whole_tool_loop(live):
     """Call, the tool's result as a `role: "tool"` message, then the answer."""
-    client, model = live
+    client, model, _ = live
     messages = list(ASK)
     reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, seed=1, max_tokens=64,
                                            tool_choice={"type": "function", "function": {"name": "get_weather"}})
@@ -93,7 +93,7 @@ def test_the_whole_tool_loop(live):
 
 
 def test_budget_ran_out_is_length_without_a_call(live):
-    client, model = live
+    client, model, _ = live
     reply = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="required", seed=0,
                                            max_tokens=8)
     assert reply.choices[0].finish_reason == "length" and not reply.choices[0].message.tool_calls
@@ -122,9 +122,42 @@ BAD_SCHEMA = [{"type": "function", "function": {"name": "f", "parameters": {"typ
      "messages[1].tool_calls[0].function.arguments", "not valid JSON"),
 ])
 def test_bad_tools_are_400_naming_the_field(live, kwargs, field, message):
-    client, model = live
+    client, model, _ = live
     kwargs.setdefault("messages", ASK)
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=model, max_tokens=16, **kwargs)
     error = caught.value.body
     assert error["param"] == field and message in error["message"], error
+
+
+def test_chat_cli_with_tools(live, tmp_path, capsys, monkeypatch):
+    """`diffusiongemma chat --tools FILE`: calls are shown; the next typed line goes back as the call's result."""
+    import io
+
+    from diffusiongemma.cli import main
+
+    _, _, url = live
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps(TOOLS))
+    assert main(["chat", "--url", url, "--tools", str(path), "--tool-choice", "book", "--prompt", "a table",
+                 "--no-drafts", "--seed", "1", "--max-tokens", "64"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("[tool call] book {") >= 1
+    monkeypatch.setattr("sys.stdin", io.StringIO("weather?\nsunny\n"))
+    assert main(["chat", "--url", url, "--tools", str(path), "--tool-choice", "get_weather", "--no-drafts",
+                 "--seed", "1", "--max-tokens", "64"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("[tool call] get_weather {") >= 2 and "[result of get_weather]" in captured.err
+
+
+@pytest.mark.parametrize("content, extra, message", [
+    (None, [], "cannot read it"), ("{bad", [], "not valid JSON"), ("[]", [], "non-empty list"),
+    (json.dumps(TOOLS), ["--tool-choice", "fly"], "--tool-choice 'fly' names no tool")])
+def test_chat_cli_refuses_bad_tools(tmp_path, capsys, content, extra, message):
+    from diffusiongemma.cli import main
+
+    path = tmp_path / "tools.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["chat", "--url", "http://127.0.0.1:9", "--tools", str(path), "--prompt", "hi", *extra]) == 2
+    assert message in capsys.readouterr().err
