@@ -21,6 +21,9 @@ setup(
         "huggingface_hub>=1.31,<3",
         "tqdm>=4.60",
         "outlines-core>=0.2.14,<0.3",  # constrained denoising (diffusiongemma/constraints); tested: 0.2.14
+        # checks every JSON schema and every constrained JSON answer at run time (constraints/schema_rules.py,
+        # answer_check.py); tested: 4.26
+        "jsonschema>=4.18,<5",
     ],
     extras_require={
         # the test extra carries the serve, vision and convert extras, so CI runs their tests (tests/serving,
@@ -31,8 +34,6 @@ setup(
                  "peft>=0.21,<0.22", "datasets>=5.2,<6",
                  # the reference for the commit-style samplers and the pipeline our model runs in (tested: 0.42.1)
                  "diffusers>=0.42.1,<0.43",
-                 # validates constrained JSON answers in the tests (tested: 4.25)
-                 "jsonschema>=4.18,<5",
                  # drives the system's headless Chromium in the playground test (tested: 4.51)
                  "selenium>=4.30,<5"],
         # fine-tuning (docs/training.md): PEFT LoRA adapters, and `diffusiongemma train sft --data DATASET_DIR`

@@ -178,8 +178,8 @@ def run_generate(args) -> int:
         print(f"[{canvases} canvas(es) max, tokens per forward: {', '.join(f'{t:.2f}' for t in tpf)}]",
               file=sys.stderr)
     if getattr(out, "truncated", None) is not None and bool(out.truncated.any()):
-        print("error: --max-new-tokens ran out before the answer matched the constraint: the text above is "
-              "incomplete", file=sys.stderr)
+        why = next(r for r in out.truncation_reasons if r is not None)
+        print(f"error: {why}: the text above is not a whole answer", file=sys.stderr)
         return 3
     return 0
 

@@ -10,6 +10,7 @@ import json
 
 import torch
 
+from ..version import __version__
 from .format import FORMAT_NAME, FORMAT_VERSION, Trace
 
 
@@ -37,10 +38,7 @@ def config_hash(config) -> str:
 def versions() -> dict:
     import transformers
 
-    import diffusiongemma
-
-    return {"diffusiongemma": diffusiongemma.__version__, "torch": torch.__version__,
-            "transformers": transformers.__version__}
+    return {"diffusiongemma": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def run_manifest(model, run) -> dict:
