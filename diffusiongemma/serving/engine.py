@@ -103,6 +103,10 @@ class DiffusionGenerateManager(BaseGenerateManager):
         settings.automaton = compiled_constraint(settings, tokenizer, self.scheduler.V)  # else 400
         settings.tokenizer = tokenizer
         streamer = RowStreamer(tokenizer, loop, queue, settings, response_parser=response_parser)
+        if settings.logprobs is not None:  # one decoder pass per committed canvas (serving/logprobs.py)
+            from .logprobs import CanvasScorer
+
+            streamer.scorer = CanvasScorer(model, settings.logprobs)
         self.scheduler.submit(Job(prompt, settings, streamer))  # QueueFull: 429 (handlers.add_error_handlers)
         return queue, streamer
 
