@@ -10,8 +10,6 @@ import json
 import re
 from dataclasses import dataclass, field
 
-import jsonschema
-
 from .tool_syntax import CALL_CLOSE, CALL_OPEN, CALL_PREFIX, KEY, NUMBER, QUOTE
 from .tools import check_tools, chosen_names
 
@@ -147,6 +145,8 @@ def parse_tool_calls(text: str, tools, tool_choice="auto") -> ParsedReply:
     Returns:
         ParsedReply(content, tool_calls, invalid, unfinished).
     """
+    import jsonschema  # the safety net behind the regex: every returned call's arguments validate
+
     functions = {f["name"]: f for f in check_tools(tools)}
     mode, allowed = chosen_names(list(functions.values()), tool_choice)
     validators = {name: jsonschema.Draft202012Validator(f["parameters"]) for name, f in functions.items()}

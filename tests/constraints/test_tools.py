@@ -140,3 +140,31 @@ def test_property_names_must_be_identifiers():
         "type": "object", "properties": {"two words": {"type": "string"}}}}}]
     with pytest.raises(Exception, match="must be an identifier"):
         ToolCalls(tools).to_regex()
+
+
+def test_pydantic_parameters(model):
+    """A pydantic v2 model's schema ($defs, Optional, Literal, conint, constr(pattern=...)) as a tool's parameters."""
+    from typing import Literal, Optional
+
+    from pydantic import BaseModel, conint, constr
+
+    class Pet(BaseModel):
+        kind: Literal["cat", "dog"]
+        age: conint(ge=0, le=30)
+
+    class Adopt(BaseModel):
+        name: constr(pattern=r"^[A-Z][a-z]{1,6}$")
+        pet: Pet
+        note: Optional[str] = None
+
+    tools = [{"type": "function", "function": {"name": "adopt", "parameters": Adopt.model_json_schema()}}]
+    constraint = ToolCalls(tools)
+    call = '<|tool_call>call:adopt{name:<|"|>Rex<|"|>,pet:{kind:<|"|>dog<|"|>,age:3},note:null}<tool_call|>'
+    assert re.fullmatch(constraint.to_regex(), call)
+    assert not re.fullmatch(constraint.to_regex(), call.replace("age:3", "age:31"))
+    ids = torch.randint(4, 99, (4, 6), generator=torch.Generator().manual_seed(0))
+    out = model.generate(ids, constraint=constraint, tokenizer=TOK, max_new_tokens=64, seed=0, **KW)
+    for text in answers(out, 6):
+        reply = parse_tool_calls(text, tools)
+        assert reply.tool_calls and not reply.invalid and reply.unfinished is None, text
+        Adopt.model_validate_json(reply.tool_calls[0]["function"]["arguments"])
