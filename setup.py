@@ -34,6 +34,8 @@ setup(
                  "peft>=0.21,<0.22", "datasets>=5.2,<6",
                  # the reference for the commit-style samplers and the pipeline our model runs in (tested: 0.42.1)
                  "diffusers>=0.42.1,<0.43",
+                 # the lm-eval adapter's tests (tests/evaluation)
+                 "lm_eval==0.4.13",
                  # drives the system's headless Chromium in the playground test (tested: 4.51)
                  "selenium>=4.30,<5"],
         # fine-tuning (docs/training.md): PEFT LoRA adapters, and `diffusiongemma train sft --data DATASET_DIR`
@@ -42,6 +44,9 @@ setup(
         # `diffusiongemma serve` / `chat`: transformers serve's own dependencies (transformers[serving]); tested with
         # fastapi 0.165, uvicorn 0.54, openai 3.57, pydantic 2.14
         "serve": ["fastapi>=0.115,<1", "uvicorn>=0.30,<1", "openai>=1.98,<4", "pydantic>=2,<3", "typing_extensions>=4.7"],
+        # `diffusiongemma eval` and the lm-eval model "diffusiongemma" (docs/evaluation.md); pinned: the adapter
+        # subclasses lm-eval's TemplateLM and reads its request layout, which moves between releases (tested: 0.4.13)
+        "eval": ["lm_eval==0.4.13"],
         "bnb": ["bitsandbytes>=0.45"],
         "vision": ["pillow>=10"],  # image files for prompts (docs/vision.md): CLI --image, load_image (tested: 13.0)
         # `diffusiongemma convert orbax` (docs/conversion.md): TensorStore reads the Orbax arrays, orbax-checkpoint

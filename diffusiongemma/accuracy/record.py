@@ -72,6 +72,7 @@ def run_manifest(model, run) -> dict:
         "generation_config": settings,
         "logits_processors": [type(p).__name__ for p in run.processors] if run.processors else [],
         "seeded_first_canvas": run.decoder_input_ids is not None,
+        "seeded_self_conditioning": run.self_conditioning_logits is not None,  # canvas 0, step 0 has an input
         "versions": versions(),
         "prompts": None,  # text, filled in by callers that have a tokenizer (the CLI)
     }

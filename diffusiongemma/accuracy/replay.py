@@ -14,7 +14,7 @@ import torch
 
 from ..generation.engine import Plan, StepRows, denoise_rows, soft_embedder
 from ..generation.entropy_bound import token_entropy
-from ..generation.sampler import SamplerContext, init_sampler_state, sampler_class_for
+from ..generation.sampler import SamplerContext, init_sampler_state, sampler_class_for, sampling_names
 from ..generation.stopping import StableAndConfidentStopperConfig, Stopper, stopper_class_for
 from ..sampler_configs import EntropyBoundSamplerConfig, sampler_config_class
 from ..stopper_configs import stopper_config_class
@@ -140,11 +140,16 @@ def replay_plan(model, trace: Trace) -> Plan:
     else:
         sampler_config = model.generation_config.sampler_config or EntropyBoundSamplerConfig(entropy_bound=0.1)
     try:
-        sampler_class = sampler_class_for(sampler_config, trace.manifest.get("sampling"))
+        sampler_class = sampler_class_for(sampler_config, None)  # the rule comes from the config class
     except ValueError as error:
         from .format import TraceFormatError
 
-        raise TraceFormatError(f"manifest `sampling`: {error}") from None
+        raise TraceFormatError(f"manifest `generation_config.sampler_config`: {error}") from None
+    # `sampling` names how the draws were made (ours, or an engine's own name): teacher forcing never needs the
+    # draws, so a foreign name is fine; ours picks our own registered class for the same rule
+    sampling = trace.manifest.get("sampling")
+    if sampling is not None and sampling in sampling_names(type(sampler_config)):
+        sampler_class = sampler_class_for(sampler_config, sampling)
     steps = int(generation_setting(trace, model, "max_denoising_steps"))
     return Plan(
         sampler=sampler_class(sampler_config, SamplerContext(model.config.text_config.vocab_size, steps)),

@@ -1,8 +1,9 @@
 """The last check of a constrained answer, on the text its user receives, before it is called complete.
 
 The automaton guarantees the tokens; the user gets `tokenizer.decode(tokens)`. So every answer is checked once more,
-as text: `decode` must give exactly the text the tokens spell (what the automaton read), and a `JsonSchema` answer
-must parse as JSON and validate against the schema with `jsonschema` (formats included). A failure is a bug of
+as text: `decode` must give exactly the text the tokens spell (what the automaton read), a `JsonSchema` answer
+must parse as JSON and validate against the schema with `jsonschema` (formats included), and a `ToolCalls` answer
+must parse into the calls its mode promises, each call's arguments valid (`parse_tool_calls`). A failure is a bug of
 ours (outlines-core or this package expressing the schema wrongly): `generate` reports it in
 `out.constraint_errors` and flags the row `truncated`, the server ends the response with an error naming it.
 """
@@ -12,6 +13,8 @@ import json
 
 from .automaton import TokenAutomaton
 from .spec import JsonSchema
+from .tool_parse import tool_calls_problem
+from .tools import ToolCalls
 
 BUG = "(a bug of diffusiongemma's constrained decoding: please report it with the constraint)"
 
@@ -72,6 +75,10 @@ def answer_problem(automaton: TokenAutomaton, tokenizer, tokens: list[int], comp
                 f"the text does not match the constraint {BUG}")
     if complete and isinstance(automaton.constraint, JsonSchema):
         problem = schema_problem(text, automaton.constraint)
+        if problem is not None:
+            return f"{automaton.description}: {problem} {BUG}"
+    if complete and isinstance(automaton.constraint, ToolCalls):
+        problem = tool_calls_problem(text, automaton.constraint)  # each call parses and its arguments validate
         if problem is not None:
             return f"{automaton.description}: {problem} {BUG}"
     return None

@@ -21,7 +21,6 @@ from .constraint_fields import compiled_constraint
 from .scheduler import Job, ServingScheduler
 from .settings import RequestSettings, check_length
 from .streamer import AnswerFailed, ConstrainedAnswerError, DraftText, RowStreamer
-from .tools import end_texts
 
 
 class DiffusionModelManager(ModelManager):
@@ -98,12 +97,16 @@ class DiffusionGenerateManager(BaseGenerateManager):
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         tokenizer = getattr(processor, "tokenizer", processor)
+        if settings.tools is not None:  # calls are read from the text with its special tokens (serving/tools.py)
+            settings.tools.bind(tokenizer, settings)  # else 400: the template does not render tools
+            response_parser = settings.tools
         settings.automaton = compiled_constraint(settings, tokenizer, self.scheduler.V)  # else 400
         settings.tokenizer = tokenizer
-        if settings.tools is not None:  # calls are read from the text with its special tokens (serving/tools.py)
-            settings.tools.drop = end_texts(tokenizer, settings)
-            response_parser = settings.tools
         streamer = RowStreamer(tokenizer, loop, queue, settings, response_parser=response_parser)
+        if settings.logprobs is not None:  # one decoder pass per committed canvas (serving/logprobs.py)
+            from .logprobs import CanvasScorer
+
+            streamer.scorer = CanvasScorer(model, settings.logprobs)
         self.scheduler.submit(Job(prompt, settings, streamer))  # QueueFull: 429 (handlers.add_error_handlers)
         return queue, streamer
 

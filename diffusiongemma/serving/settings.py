@@ -68,6 +68,8 @@ class RequestSettings:
     constraint_field: str | None = None  # the body field it came from
     automaton: object = None  # the constraint compiled over the server's tokenizer
     tokenizer: object = None  # that tokenizer
+    logprobs: int | None = None  # top alternatives per token when the request asks for logprobs (serving/logprobs.py)
+    logprob_entries: list = field(default_factory=list)  # the answer's `TokenLogprob`s, filled by its streamer
     tools: object = None  # the `ToolCallReader` of a request with `tools` (serving/tools.py)
 
     @property

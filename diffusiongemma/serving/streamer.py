@@ -4,7 +4,9 @@ Spec D.7: `put(prompt)`, then `put_draft(value=[1, L])` after every denoising st
 canvas, then `end()`. Committed tokens become ordinary text items on the request's queue (decoded incrementally, fed
 through the response parser when the model has one, exactly as `DirectStreamer` does); drafts, when the request asked
 for them, become `DraftText` items that the handlers turn into the documented `draft` field of a chunk (with each
-position's token and confidence, or the `diffusion_frame` fields, when asked: drafts.py).
+position's token and confidence, or the `diffusion_frame` fields, when asked: drafts.py). A request that asked for
+`logprobs` has a `scorer` (serving/logprobs.py) that scores each committed canvas; the tokens whose text has been sent
+go out as `LogprobText` items (with that text, or after the parser's items, with none).
 
 The response holds at most `max_new_tokens` tokens and ends at the first EOS; a `stop` string ends it too (the text
 before it is kept, and `generated`, which the usage and `finish_reason` count, keeps only the tokens whose text lies
@@ -24,6 +26,7 @@ from transformers.cli.serving.utils import (DirectStreamer, _GenerationCancelled
                                             response_events_to_chunks)
 
 from .drafts import DraftText
+from .logprobs import LogprobText
 from .settings import RequestSettings
 
 logger = logging.getLogger(__name__)
@@ -76,6 +79,10 @@ class RowStreamer(DirectStreamer):
         self._streamed: list[str] = []  # every piece of text decoded, as the client receives it
         self._end_lock = threading.Lock()
         self.raise_on_cancel = False  # set when `model.generate` drives this streamer: raising aborts it
+        self.scorer = None  # a `logprobs.CanvasScorer` when the request asked for logprobs
+        self.entries: list = []  # per generated token: its `TokenLogprob` (with a scorer)
+        self._sent_chars = 0  # characters of the answer sent so far
+        self._sent_entries = 0  # entries sent so far
 
     @property
     def abandoned(self) -> bool:
@@ -95,13 +102,29 @@ class RowStreamer(DirectStreamer):
         return self._cancelled.is_set()
 
     def _emit(self, text: str) -> None:
-        if not text:
+        start = self._sent_chars
+        self._sent_chars += len(text)
+        due = self._due_entries()
+        if not text and not due:
             return
         if self._parser is None:
-            self._enqueue(text)
-        else:
-            for item in response_events_to_chunks(self._parser.feed(text)):
-                self._enqueue(item)
+            self._enqueue(LogprobText(text, due, start, self.tokenizer) if self.scorer is not None else text)
+            return
+        for item in response_events_to_chunks(self._parser.feed(text)) if text else ():
+            self._enqueue(item)
+        if due:
+            self._enqueue(LogprobText("", due, start, self.tokenizer))
+
+    def _due_entries(self) -> list:
+        """The entries of the tokens whose text is now wholly sent and that were not sent yet (EOS left out: OpenAI
+        reports the answer's tokens); kept on the settings for a non-streaming response too."""
+        if self.scorer is None:
+            return []
+        done = sum(1 for end in self._ends if end <= self._sent_chars)
+        due = [e for e in self.entries[self._sent_entries : done] if e.token_id not in self.eos_ids]
+        self._sent_entries = max(self._sent_entries, done)
+        self.settings.logprob_entries += due
+        return due
 
     def _filter_stop(self, text: str, final: bool) -> str:
         """Text safe to send now: everything before a stop string (then the response is done), else all but the tail
@@ -112,7 +135,7 @@ class RowStreamer(DirectStreamer):
             self._held, self._done = "", True
             cut = self._text_len - len(pending) + min(hits)  # where the stop string starts in the whole response
             kept = sum(1 for end in self._ends if end <= cut)
-            self.generated, self._ends = self.generated[:kept], self._ends[:kept]
+            self.generated, self._ends, self.entries = self.generated[:kept], self._ends[:kept], self.entries[:kept]
             self.total_tokens = kept
             return pending[: min(hits)]
         keep = 0 if final or not self.stop else min(len(pending), max(len(s) for s in self.stop) - 1)
@@ -125,13 +148,24 @@ class RowStreamer(DirectStreamer):
             return
         if self._first:
             self._first = False
+            if self.scorer is not None:
+                self.scorer.start(value.reshape(-1).tolist())
             return
         self.canvas, self.step = self.canvas + 1, 0
         pieces = []
-        for token in value.reshape(-1).tolist():
+        canvas = value.reshape(-1).tolist()
+        scored = None
+        if self.scorer is not None and not self._done:  # tokens past max_tokens are scored as pad (logprobs.py)
+            room = max(self.max_new_tokens - len(self.generated), 0)
+            pad = self.settings.config.pad_token_id
+            scored = self.scorer.score(canvas if room >= len(canvas) or pad is None
+                                       else canvas[:room] + [pad] * (len(canvas) - room))
+        for i, token in enumerate(canvas):
             if self._done or len(self.generated) >= self.max_new_tokens:
                 break
             self.generated.append(token)
+            if scored is not None:
+                self.entries.append(scored[i])
             text = self._decode_stream.step(self._tokenizer, token)
             if text:
                 pieces.append(text)

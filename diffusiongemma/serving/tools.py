@@ -14,6 +14,8 @@ events, `finalize()`, `initial_events`), so committed text is read with its spec
 emitted once whole and valid (transformers serve turns it into one tool-call delta: index, id, name, arguments).
 """
 
+import weakref
+
 from ..constraints import ToolCalls, ToolsError, parse_tool_calls
 from ..constraints.tool_syntax import CALL_OPEN
 from .settings import BadRequestField
@@ -94,6 +96,20 @@ class ToolCallReader:
         self.unfinished: str | None = None
         self.initial_events: list = []
 
+    def bind(self, tokenizer, settings) -> None:
+        """Read the end texts from the server's tokenizer; refuse a chat template that never shows the model the tools.
+
+        Raises:
+            BadRequestField: the template does not use `tools` (the model would call functions it was never shown).
+        """
+        template = getattr(tokenizer, "chat_template", None) or ""
+        if isinstance(template, dict):
+            template = " ".join(template.values())
+        if "tools" not in template:
+            raise BadRequestField("tools", "this model's chat template does not render tools, so the model would "
+                                           "never see them; serve it with a template that does (Gemma 4's)")
+        self.drop = end_texts(tokenizer, settings)
+
     def _clean(self, text: str) -> str:
         for d in self.drop:
             text = text.replace(d, "")
@@ -167,8 +183,8 @@ class ToolsHandlerMixin:
         check_tool_messages(body)
 
     def _streaming(self, request_id, model, processor, model_id, inputs, gen_config, gen_manager, tools=None):
-        if getattr(gen_config, "tools", None) is not None:
-            self.__dict__.setdefault("_tool_readers", {})[request_id] = gen_config.tools
+        if getattr(gen_config, "tools", None) is not None:  # read back by the last chunk (gone with the request)
+            self.__dict__.setdefault("_tool_readers", weakref.WeakValueDictionary())[request_id] = gen_config.tools
         return super()._streaming(request_id, model, processor, model_id, inputs, gen_config,
                                   gen_manager=gen_manager, tools=tools)
 

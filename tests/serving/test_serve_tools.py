@@ -161,3 +161,16 @@ def test_chat_cli_refuses_bad_tools(tmp_path, capsys, content, extra, message):
         path.write_text(content)
     assert main(["chat", "--url", "http://127.0.0.1:9", "--tools", str(path), "--prompt", "hi", *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_template_without_tools_is_refused():
+    """The model must see the tools: a chat template that never renders them is a 400 naming `tools`."""
+    from conftest import tiny_tokenizer
+
+    from diffusiongemma.serving.settings import BadRequestField
+    from diffusiongemma.serving.tools import ToolCallReader
+
+    reader = ToolCallReader(None, [])
+    with pytest.raises(BadRequestField, match="does not render tools") as caught:
+        reader.bind(tiny_tokenizer(), None)
+    assert caught.value.field == "tools"
