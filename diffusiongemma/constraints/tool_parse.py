@@ -180,3 +180,17 @@ def parse_tool_calls(text: str, tools, tool_choice="auto") -> ParsedReply:
         reply.tool_calls.append({"type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}})
     reply.content = "".join(content)
     return reply
+
+
+def tool_calls_problem(text: str, constraint) -> str | None:
+    """Why a complete `ToolCalls` answer is not what its mode promises (answer_check.py's last check), or None."""
+    reply = parse_tool_calls(text, constraint.tools, constraint.tool_choice)
+    if reply.invalid:
+        return f"the answer holds an invalid call ({reply.invalid[0]['reason']})"
+    if reply.unfinished is not None:
+        return "the answer ends inside a call"
+    if constraint.mode == "required" and not reply.tool_calls:
+        return "the answer holds no call"
+    if constraint.mode == "none" and reply.tool_calls:
+        return "the answer holds a call"
+    return None

@@ -20,6 +20,8 @@ from ..constraints import ToolCalls, ToolsError, parse_tool_calls
 from ..constraints.tool_syntax import CALL_OPEN
 from .settings import BadRequestField
 
+ARGUMENT_PIECE = 32  # characters of a call's JSON arguments per streamed delta
+
 
 def request_tool_calls(body: dict) -> ToolCalls | None:
     """The `ToolCalls` constraint of a chat request with `tools`, or None without them.
@@ -188,11 +190,27 @@ class ToolsHandlerMixin:
         return super()._streaming(request_id, model, processor, model_id, inputs, gen_config,
                                   gen_manager=gen_manager, tools=tools)
 
-    def _build_chunk_sse(self, request_id: str = "", *args, finish_reason=None, **kwargs) -> str:
+    def _build_chunk_sse(self, request_id: str = "", *args, finish_reason=None, tool_calls=None, **kwargs) -> str:
         reader = self.__dict__.get("_tool_readers", {}).pop(request_id, None) if finish_reason else None
         if reader is not None and reader.unfinished is not None:
             finish_reason = "length"  # the budget ended inside a call: no call is complete
-        return super()._build_chunk_sse(request_id, *args, finish_reason=finish_reason, **kwargs)
+        if not tool_calls:
+            return super()._build_chunk_sse(request_id, *args, finish_reason=finish_reason, **kwargs)
+        # a whole call, streamed as OpenAI streams one: its index, id, type and name with empty arguments, then the
+        # arguments in pieces (index and arguments only)
+        from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
+
+        events = []
+        for call in tool_calls:
+            arguments = call.function.arguments or ""
+            head = ChoiceDeltaToolCall(index=call.index, id=call.id, type="function",
+                                       function={"name": call.function.name, "arguments": ""})
+            events.append(super()._build_chunk_sse(request_id, *args, tool_calls=[head], **kwargs))
+            for start in range(0, len(arguments), ARGUMENT_PIECE):
+                part = arguments[start : start + ARGUMENT_PIECE]
+                piece = ChoiceDeltaToolCall(index=call.index, function={"arguments": part})
+                events.append(super()._build_chunk_sse(request_id, *args, tool_calls=[piece], **kwargs))
+        return "".join(events)
 
     async def _non_streaming(self, request_id, model, processor, model_id, inputs, gen_config, gen_manager,
                              tools=None):

@@ -49,7 +49,7 @@ def test_required_and_named_calls_always_validate(model, choice, names):
     for seed in range(6):
         ids = torch.randint(4, 99, (4, 6), generator=torch.Generator().manual_seed(seed))
         out = model.generate(ids, constraint=constraint, tokenizer=TOK, max_new_tokens=64, seed=seed, **KW)
-        assert not bool(out.truncated.any())
+        assert not bool(out.truncated.any()) and not any(out.truncation_reasons)  # answer_check.py agrees
         for text in answers(out, 6):
             assert text.startswith("<|tool_call>call:"), text
             calls = valid_calls(text, choice, names)
@@ -168,3 +168,15 @@ def test_pydantic_parameters(model):
         reply = parse_tool_calls(text, tools)
         assert reply.tool_calls and not reply.invalid and reply.unfinished is None, text
         Adopt.model_validate_json(reply.tool_calls[0]["function"]["arguments"])
+
+
+def test_the_last_check_of_an_answer():
+    """answer_check.py's check of a ToolCalls answer: the calls its mode promises, each valid."""
+    from diffusiongemma.constraints.tool_parse import tool_calls_problem
+
+    good = '<|tool_call>call:get_weather{city:<|"|>Rome<|"|>,days:2}<tool_call|>'
+    assert tool_calls_problem(good, ToolCalls(TOOLS)) is None
+    assert "invalid call" in tool_calls_problem(good.replace("days:2", "days:0"), ToolCalls(TOOLS))
+    assert "ends inside a call" in tool_calls_problem(good[:-3], ToolCalls(TOOLS))
+    assert "no call" in tool_calls_problem("just text", ToolCalls(TOOLS))
+    assert "holds a call" in tool_calls_problem(good, ToolCalls(TOOLS, tool_choice="none"))
