@@ -242,12 +242,17 @@ def check_commit(t: dict, settings: dict, prompt_length: int, canvas_length: int
     return out.result
 
 
-def check_acceptance(t: dict, sampler_config, tol: Tolerances) -> CheckResult:
+def check_acceptance(t: dict, sampler_config, tol: Tolerances, max_steps: int | None = None) -> CheckResult:
     """Entropy-bound samplers: the accepted mask against `entropy_bound_accept` on the recorded entropies (a position
-    accepted with the bound lowered by tol.near_tie, or refused with it raised by as much, must be so). The
-    commit-style samplers decide from the drawn tokens' probabilities, which a trace does not hold: skipped."""
+    accepted with the bound lowered by tol.near_tie, or refused with it raised by as much, must be so). Block
+    refinement and confidence threshold pick from their drawn tokens' probabilities, which a trace does not hold:
+    what their rule fixes regardless of the draw is checked (`check_committed_masks`). Discrete DDIM: skipped."""
+    from ..generation.block_refinement import BlockRefinementSamplerConfig
+    from ..generation.confidence_threshold import ConfidenceThresholdSamplerConfig
     from ..sampler_configs import EntropyBoundSamplerConfig
 
+    if isinstance(sampler_config, (BlockRefinementSamplerConfig, ConfidenceThresholdSamplerConfig)):
+        return check_committed_masks(t, sampler_config, max_steps)
     if not isinstance(sampler_config, EntropyBoundSamplerConfig):
         return skipped("acceptance", f"{type(sampler_config).__name__} accepts from its drawn tokens' "
                                      "probabilities, which the trace does not record")
@@ -322,7 +327,8 @@ def run_checks(trace, sampler_config, stopper, tol: Tolerances) -> dict[str, Che
         "self_conditioning": check_self_conditioning(t, m, tol),
         "stop": check_stop(t, stopper, tol),
         "commit": check_commit(t, settings, trace.prompt_length, trace.canvas_length),
-        "acceptance": (check_acceptance(t, sampler_config, tol) if sampler_config is not None
+        "acceptance": (check_acceptance(t, sampler_config, tol, settings.get("max_denoising_steps"))
+                       if sampler_config is not None
                        else skipped("acceptance", no_sampler)),
         "renoise": (check_renoise(t, sampler_config, m.get("vocab_size"), tol) if sampler_config is not None
                     else skipped("renoise", no_sampler)),
@@ -344,3 +350,30 @@ def recorded_sampler_config(manifest: dict):
     except (KeyError, TypeError, ValueError) as error:
         raise TraceFormatError(f"manifest `generation_config.sampler_config` ({name}) cannot be rebuilt: "
                                f"{error}") from None
+
+
+def check_committed_masks(t: dict, sampler_config, max_steps: int | None) -> CheckResult:
+    """Commit-style samplers (`accepted` is the committed mask after the step): a committed position stays committed
+    for the rest of the canvas, and block refinement has committed at least its quota, min(L, ceil((s + 1) L / N))
+    positions after step s (N: `max_denoising_steps`, needed for the quota part)."""
+    from ..generation.block_refinement import BlockRefinementSamplerConfig
+
+    quota = isinstance(sampler_config, BlockRefinementSamplerConfig) and max_steps is not None
+    out = _Collector("acceptance")
+    L = t["accepted"].shape[-1]
+    for r in range(t["active"].shape[0]):
+        c, s = _where(t, r)
+        for b in torch.nonzero(t["active"][r]).view(-1).tolist():
+            out.count()
+            acc = t["accepted"][r, b]
+            if s > 0:
+                lost = t["accepted"][r - 1, b] & ~acc
+                if bool(lost.any()):
+                    out.fail(c, s, b, int(torch.nonzero(lost)[0]), "a committed position is no longer committed")
+                    continue
+            if quota:
+                target = min(L, -(-(s + 1) * L // int(max_steps)))
+                if int(acc.sum()) < target:
+                    out.fail(c, s, b, None, f"{int(acc.sum())} positions committed after step {s}, block refinement's "
+                                            f"quota is {target} (L = {L}, N = {max_steps})")
+    return out.result

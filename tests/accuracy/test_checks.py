@@ -131,3 +131,24 @@ def test_compare_judges_checks_and_accepts_a_foreign_sampling_name(sudoku, tmp_p
     assert main(["compare", "--model", str(DEMO_MODEL), "--trace", str(tmp_path / "early")]) == 1
     table = capsys.readouterr().out
     assert "check stop" in table and "first failure: check stop at canvas 0, step 1, row 1" in table
+
+
+@pytest.mark.parametrize("config_name", ["BlockRefinementSamplerConfig", "ConfidenceThresholdSamplerConfig",
+                                         "DiscreteDDIMSamplerConfig"])
+def test_every_sampler_passes_by_its_own_rule(sudoku, config_name):
+    import diffusiongemma.generation.sampler as samplers
+
+    model, _ = sudoku
+    rng = random.Random(0)
+    ids = torch.tensor([encode_puzzle(load_demo_model()[1], make_puzzle(rng, 45)[0]) for _ in range(2)])
+    trace = model.generate(ids, max_denoising_steps=8, return_trace=True, trace_top_k=4, sampling="fast", seed=1,
+                           batching="lockstep", sampler_config=getattr(samplers, config_name)()).trace
+    results = checks_of(model, trace)
+    assert [n for n, r in results.items() if r.status == "fail"] == []
+    if config_name == "DiscreteDDIMSamplerConfig":
+        assert {n for n, r in results.items() if r.status == "skipped"} == {"acceptance", "renoise"}
+        return
+    assert results["acceptance"].status == "pass"
+    broken = edited(trace, accepted=_set((1, 0), False))  # step 1 forgets every committed position of row 0
+    result = checks_of(model, broken)["acceptance"]
+    assert result.status == "fail" and (result.first.step, result.first.row) == (1, 0)
