@@ -57,7 +57,8 @@ class DiffusionSettingFields(TypedDict, total=False):
     sampler: str
     sampler_preset: str  # a named preset (generation/sampler_presets.py)
     sampler_settings: dict  # any sampler's settings in one object, plug-ins included
-    stopper_settings: dict  # a plug-in stopper's settings (stopper_request.py)
+    stopper: str  # a registered plug-in stopper, or "stable-and-confident" (stopper_request.py)
+    stopper_settings: dict  # a plug-in stopper's settings
     threshold: float
     editing_threshold: float
     greedy: bool
