@@ -12,10 +12,11 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from ..generation.engine import Plan, StepRows, denoise_rows, soft_embedder
+from ..generation.engine import Plan, StepRows, denoise_rows
 from ..generation.entropy_bound import token_entropy
-from ..generation.sampler import SamplerContext, init_sampler_state, sampler_class_for
-from ..generation.stopping import StableAndConfidentStopper
+from ..generation.plan import build_plan
+from ..generation.sampler import init_sampler_state
+from ..generation_config import DiffusionGemmaGenerationConfig, resolve_generation_config
 from ..sampler_configs import EntropyBoundSamplerConfig, sampler_config_class
 from ..modeling.masks import PaddingSlots
 from .format import Trace
@@ -123,8 +124,12 @@ def step_logprobs(model, canvas, cache, soft, keep, temperature: float) -> torch
     return torch.log_softmax(logits.div_(temperature), dim=-1)
 
 
-def replay_plan(model, trace: Trace) -> Plan:
-    """The trace's sampler and stopper, as `generate` built them (manifest: `sampling`, `sampler_config`)."""
+RECORDED_SETTINGS = ("max_denoising_steps", "t_min", "t_max", "stability_threshold", "confidence_threshold")
+
+
+def recorded_config(model, trace: Trace) -> DiffusionGemmaGenerationConfig:
+    """The generation config the trace ran with: its manifest's sampler config and step, temperature and stopper
+    settings (a field the manifest lacks, as in traces of older versions, comes from the model's config)."""
     settings = trace.manifest.get("generation_config") or {}
     saved = dict(settings.get("sampler_config") or {})
     if saved:
@@ -138,20 +143,24 @@ def replay_plan(model, trace: Trace) -> Plan:
                                    f"{error}") from None
     else:
         sampler_config = model.generation_config.sampler_config or EntropyBoundSamplerConfig(entropy_bound=0.1)
+    config, _, _ = resolve_generation_config(model.generation_config, None, {})
+    config.sampler_config = sampler_config
+    for name in RECORDED_SETTINGS:
+        if settings.get(name) is not None or getattr(config, name, None) is None:
+            setattr(config, name, generation_setting(trace, model, name))
+    return config
+
+
+def replay_plan(model, trace: Trace, device: torch.device | str = "cpu") -> Plan:
+    """The trace's plan, built by the one plan builder (`generation.plan.build_plan`) from its recorded settings:
+    sampler (manifest `sampling`, `sampler_config`), stopper and temperature schedule."""
+    config = recorded_config(model, trace)
     try:
-        sampler_class = sampler_class_for(sampler_config, trace.manifest.get("sampling"))
+        return build_plan(model, config, trace.manifest.get("sampling"), device)
     except ValueError as error:
         from .format import TraceFormatError
 
         raise TraceFormatError(f"manifest `sampling`: {error}") from None
-    steps = int(generation_setting(trace, model, "max_denoising_steps"))
-    return Plan(
-        sampler=sampler_class(sampler_config, SamplerContext(model.config.text_config.vocab_size, steps)),
-        stopper=StableAndConfidentStopper(int(generation_setting(trace, model, "stability_threshold")),
-                                          float(generation_setting(trace, model, "confidence_threshold"))),
-        max_steps=steps, temperatures=torch.ones(steps + 1), processors=None,
-        soft_embed=soft_embedder(model.get_decoder(), exact_reference=not sampler_class.per_row),
-    )
 
 
 @torch.no_grad()
@@ -164,7 +173,7 @@ def replay_full(model, trace: Trace) -> list[StepScore]:
     t = {k: v.to(device) for k, v in trace.tensors.items()}
     prefix = PrefixEncoder(model, trace, device)
     stack = model.get_decoder()
-    plan = replay_plan(model, trace)
+    plan = replay_plan(model, trace, device)
     B, P = t["sequences"].shape[0], trace.prompt_length
     rebuild = SelfConditioningRebuild(stack, B)
     scores = []
@@ -181,9 +190,9 @@ def replay_full(model, trace: Trace) -> list[StepScore]:
                 soft, shares = rebuild.input(t, r)
                 canvas = t["input_canvas"][r].long()
                 n = int(t["steps_remaining"][r])
-                step_plan = Plan(plan.sampler, plan.stopper, plan.max_steps,
-                                 t["temperature"][r].float().expand(plan.max_steps + 1).contiguous(), None,
-                                 plan.soft_embed)
+                # the temperature this record ran at (the recorded schedule's entry n; kept as recorded)
+                step_plan = replace(plan, temperatures=t["temperature"][r].float().expand(plan.max_steps + 1)
+                                    .contiguous())
                 out = denoise_rows(model, step_plan, StepRows(
                     hidden=model.denoise(canvas, cache, soft, keep=prefix.keep), canvas=canvas,
                     sequences=t["sequences"][:, : P + c * trace.canvas_length], row_ids=list(range(B)),
