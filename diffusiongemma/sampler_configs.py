@@ -4,9 +4,12 @@ A bottom-layer module (it imports only transformers), so the generation config c
 without importing the samplers. `generation.sampler.register_sampler` registers a config class here as well.
 """
 
+import dataclasses
+
 from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
 
-__all__ = ["EntropyBoundSamplerConfig", "register_sampler_config", "sampler_config_class", "sampler_config_names"]
+__all__ = ["EntropyBoundSamplerConfig", "check_sampler_config", "register_sampler_config", "sampler_config_class",
+           "sampler_config_names"]
 
 _CONFIGS: dict[str, type] = {"EntropyBoundSamplerConfig": EntropyBoundSamplerConfig}
 
@@ -34,3 +37,19 @@ def sampler_config_class(name: str) -> type:
 
 def sampler_config_names() -> list[str]:
     return sorted(_CONFIGS)
+
+
+def check_sampler_config(config, max_denoising_steps: int | None) -> None:
+    """Check a sampler config again where it is used (`generate`, the server): its fields may have been changed
+    after it was built (`config.threshold = float("nan")`), which its `__post_init__` never saw. A dataclass config
+    is rebuilt from its current fields, so its own checks run again; a config with `check_step_budget(N)` is also
+    checked against the run's step budget N (`max_denoising_steps`).
+
+    Raises:
+        ValueError: the config's own message, which names the field.
+    """
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        dataclasses.replace(config)  # runs __post_init__ on the current fields
+    check = getattr(config, "check_step_budget", None)
+    if callable(check) and max_denoising_steps is not None:
+        check(max_denoising_steps)

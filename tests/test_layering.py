@@ -8,7 +8,7 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).parents[1] / "diffusiongemma"
 UPPER = ("generation", "quantization", "training", "serving", "accuracy", "sudoku", "cli", "loading", "model")
-BOTTOM = ("generation_config.py", "sampler_configs.py", "cli_types.py")
+BOTTOM = ("generation_config.py", "sampler_configs.py", "stopper_configs.py", "cli_types.py")
 # The layers below the public class (`model.py`, which joins the network with `generate`, the loss and loading):
 # none of them may import it, so the class is the only place where they meet.
 BELOW_MODEL = ("modeling", "generation", "training", "quantization", "loading", "io")

@@ -49,6 +49,8 @@ def run_manifest(model, run) -> dict:
     generators = run.generators
     settings = {k: v for k, v in config.to_dict().items() if not str(k).startswith("_") and k != "transformers_version"}
     settings["sampler_config"] = config.sampler_config.to_dict()  # its fields and `_cls_name`
+    if getattr(config, "stopper_config", None) is not None:  # a plug-in stopper (None: the built-in, from the fields)
+        settings["stopper_config"] = config.stopper_config.to_dict()
     return {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,

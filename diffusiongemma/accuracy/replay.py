@@ -16,8 +16,10 @@ from ..generation.engine import Plan, StepRows, denoise_rows
 from ..generation.entropy_bound import token_entropy
 from ..generation.plan import build_plan
 from ..generation.sampler import init_sampler_state
+from ..generation.stopping import Stopper, stopper_for
 from ..generation_config import DiffusionGemmaGenerationConfig, resolve_generation_config
 from ..sampler_configs import EntropyBoundSamplerConfig, sampler_config_class
+from ..stopper_configs import stopper_config_class
 from ..modeling.masks import PaddingSlots
 from .format import Trace
 from .selfcond import SelfConditioningRebuild, soft_from_top_k  # noqa: F401  (soft_from_top_k: API)
@@ -145,6 +147,7 @@ def recorded_config(model, trace: Trace) -> DiffusionGemmaGenerationConfig:
         sampler_config = model.generation_config.sampler_config or EntropyBoundSamplerConfig(entropy_bound=0.1)
     config, _, _ = resolve_generation_config(model.generation_config, None, {})
     config.sampler_config = sampler_config
+    config.stopper_config = recorded_stopper_config(trace)
     for name in RECORDED_SETTINGS:
         if settings.get(name) is not None or getattr(config, name, None) is None:
             setattr(config, name, generation_setting(trace, model, name))
@@ -161,6 +164,26 @@ def replay_plan(model, trace: Trace, device: torch.device | str = "cpu") -> Plan
         from .format import TraceFormatError
 
         raise TraceFormatError(f"manifest `sampling`: {error}") from None
+
+
+def replay_stopper(trace: Trace, model) -> Stopper:
+    """The trace's stopper: its plug-in `stopper_config` (manifest), else the built-in with the trace's thresholds."""
+    return stopper_for(recorded_config(model, trace))
+
+
+def recorded_stopper_config(trace: Trace):
+    """The manifest's plug-in `stopper_config`, rebuilt, or None (the built-in stopper, set by the thresholds)."""
+    saved = dict((trace.manifest.get("generation_config") or {}).get("stopper_config") or {})
+    if not saved:
+        return None
+    name = saved.pop("_cls_name", None)
+    try:
+        return stopper_config_class(name)(**saved)
+    except (TypeError, ValueError) as error:
+        from .format import TraceFormatError
+
+        raise TraceFormatError(f"manifest `generation_config.stopper_config` ({name}) cannot be rebuilt: "
+                               f"{error}") from None
 
 
 @torch.no_grad()

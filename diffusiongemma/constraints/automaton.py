@@ -180,10 +180,14 @@ def distances(class_table: torch.Tensor, accepting: torch.Tensor) -> torch.Tenso
 
 def build_automaton(constraint, tokenizer, vocab_size: int, eos_ids: list[int], pad_id: int | None
                     ) -> TokenAutomaton:
-    """Compile `constraint` (a `Regex` or `JsonSchema`) over `tokenizer` for a model of `vocab_size` rows."""
+    """Compile `constraint` (a `Regex`, `JsonSchema` or `ToolCalls`) over `tokenizer` for a model of `vocab_size` rows."""
     description = constraint.describe()
     regex = constraint.to_regex()
     spelled = token_bytes(tokenizer)[:vocab_size]  # ids beyond the model's vocabulary cannot be produced
+    for text in getattr(constraint, "special_texts", ()):  # special tokens this constraint spells (ToolCalls)
+        token_id = tokenizer.convert_tokens_to_ids(text)
+        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id and 0 <= token_id < len(spelled):
+            spelled[token_id] = text.encode()
     for token_id in list(eos_ids) + ([pad_id] if pad_id is not None else []):
         if 0 <= token_id < len(spelled):
             spelled[token_id] = None  # EOS and pad end an answer; they never spell part of it

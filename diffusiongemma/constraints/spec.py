@@ -1,13 +1,14 @@
 """What a user constrains an answer to: `Regex(pattern)` or `JsonSchema(schema)`, each reduced to one regular
 expression over the answer's text (outlines-core turns a JSON schema into one).
 
-A schema keyword the regex cannot enforce (`minimum`, `uniqueItems`, `not`, ...) is refused by name instead of being
+A schema keyword the regex cannot enforce (`uniqueItems`, `not`, ...) is refused by name instead of being
 ignored, so every answer that matches the regex also validates against the schema.
 """
 
 import json
 from dataclasses import dataclass, field
 
+from .bounds import BOUND_KEYWORDS, replace_markers, with_bound_markers
 from .errors import ConstraintError
 
 # Keywords whose meaning outlines-core's regex enforces (or that only annotate). Anything else is refused.
@@ -15,7 +16,7 @@ ANNOTATIONS = {"title", "description", "$schema", "$id", "$comment", "examples",
                "writeOnly"}
 ENFORCED = {"type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
             "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
-            "pattern", "format"}
+            "pattern", "format", *BOUND_KEYWORDS}  # bounds: bounds.py writes their regex
 FORMATS = {"date-time", "date", "time", "uuid", "email", "uri"}
 
 
@@ -68,15 +69,18 @@ class JsonSchema:
             raise ConstraintError(f"JsonSchema: the schema must be a JSON object (a dict), got "
                                   f"{type(schema).__name__}")
         check_keywords(schema, "schema")
+        with_bound_markers(schema)  # refuses bounds it cannot enforce, naming their place
         object.__setattr__(self, "text", json.dumps(schema, sort_keys=False))
 
     def to_regex(self) -> str:
         from outlines_core.json_schema import build_regex_from_schema
 
+        schema, markers = with_bound_markers(json.loads(self.text))
         try:
-            return build_regex_from_schema(self.text, self.whitespace)
+            regex = build_regex_from_schema(json.dumps(schema), self.whitespace)
         except (ValueError, TypeError) as error:
             raise ConstraintError(f"JsonSchema: outlines-core cannot compile this schema: {error}") from None
+        return replace_markers(regex, markers, self.text)
 
     def describe(self) -> str:
         return f"JsonSchema({self.text[:80]}{'...' if len(self.text) > 80 else ''})"
@@ -117,8 +121,10 @@ def check_keywords(node, where: str) -> None:
 
 
 def as_constraint(value):
-    """A `Regex` or `JsonSchema` as given, or a clear error for anything else (None passes through)."""
-    if value is None or isinstance(value, (Regex, JsonSchema)):
+    """A `Regex`, `JsonSchema` or `ToolCalls` as given, or a clear error for anything else (None passes through)."""
+    from .tools import ToolCalls
+
+    if value is None or isinstance(value, (Regex, JsonSchema, ToolCalls)):
         return value
-    raise TypeError(f"`constraint` must be diffusiongemma.Regex(...) or diffusiongemma.JsonSchema(...), got "
-                    f"{type(value).__name__}")
+    raise TypeError(f"`constraint` must be diffusiongemma.Regex(...) or diffusiongemma.JsonSchema(...) (or "
+                    f"diffusiongemma.ToolCalls(...)), got {type(value).__name__}")

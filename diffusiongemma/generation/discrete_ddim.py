@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..generation_config import MAX_DENOISING_STEPS
 from .commit import draft
 from .draws import Generators, categorical, random_tokens, uniforms
 from .entropy_bound import SoftEmbed, StepOutput
@@ -57,6 +58,9 @@ class DiscreteDDIMSamplerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"`{owner}.{name}` must be an integer >= {low}, got {value!r}")
+        if self.corrector_steps > MAX_DENOISING_STEPS - 2:  # no step budget leaves room for more (check_step_budget)
+            raise ValueError(f"`{owner}.corrector_steps` must be at most {MAX_DENOISING_STEPS - 2} (the largest "
+                             f"max_denoising_steps, {MAX_DENOISING_STEPS}, minus 2), got {self.corrector_steps!r}")
         if self.corrector_selection not in SELECTIONS:
             raise ValueError(f"`{owner}.corrector_selection` must be one of {list(SELECTIONS)}, got "
                              f"{self.corrector_selection!r}")
@@ -65,6 +69,18 @@ class DiscreteDDIMSamplerConfig:
             raise ValueError(f"`{owner}.corrector_selection_tau` must be a finite float > 0, got {tau!r}")
         if not isinstance(self.greedy, bool):
             raise ValueError(f"`{owner}.greedy` must be true or false, got {self.greedy!r}")
+
+    def check_step_budget(self, max_steps: int) -> None:
+        """Corrector passes must fit the step budget N: the first corrected predictor step needs 1 + c passes and at
+        least one more predictor step follows, so c <= N - 2 (with c > N - 2 no step would be corrected).
+
+        Raises:
+            ValueError: naming `corrector_steps` and `max_denoising_steps`.
+        """
+        if self.corrector_steps > 0 and self.corrector_steps > max_steps - 2:
+            raise ValueError(f"`{type(self).__name__}.corrector_steps` must be at most max_denoising_steps - 2 = "
+                             f"{max_steps - 2} (each corrected predictor step takes 1 + corrector_steps of the "
+                             f"{max_steps} passes, and one predictor step must follow), got {self.corrector_steps}")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "_cls_name": type(self).__name__}

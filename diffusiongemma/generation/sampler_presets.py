@@ -11,7 +11,9 @@ setting can differ (the same benchmark's tokens-per-forward column shows how agg
     POST /v1/completions {"sampler_preset": "block-refinement", ...}
 """
 
-import dataclasses
+import copy
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 
 from ..sampler_configs import EntropyBoundSamplerConfig
 from .block_refinement import BlockRefinementSamplerConfig
@@ -19,13 +21,35 @@ from .confidence_threshold import ConfidenceThresholdSamplerConfig
 from .discrete_ddim import DiscreteDDIMSamplerConfig
 from .sampler_settings import SamplerSettingError
 
+
+class PresetTable(Mapping):
+    """A read-only name -> sampler config table whose every lookup returns a fresh copy: a caller that changes the
+    config it got (`SAMPLER_PRESETS["block-refinement"].threshold = 0.1`) changes only its own copy, and the table
+    itself has no item assignment or deletion."""
+
+    def __init__(self, presets: dict):
+        self._presets = MappingProxyType(dict(presets))
+
+    def __getitem__(self, name: str):
+        return copy.deepcopy(self._presets[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._presets)
+
+    def __len__(self) -> int:
+        return len(self._presets)
+
+    def __repr__(self) -> str:
+        return f"PresetTable({dict(self._presets)!r})"
+
+
 # name -> config; measured with `python benchmarks/samplers.py --puzzles 1000` (docs/samplers.md)
-SAMPLER_PRESETS: dict[str, object] = {
+SAMPLER_PRESETS: Mapping[str, object] = PresetTable({
     "entropy-bound": EntropyBoundSamplerConfig(entropy_bound=0.5),
     "block-refinement": BlockRefinementSamplerConfig(threshold=0.95, greedy=True),
     "confidence-threshold": ConfidenceThresholdSamplerConfig(threshold=0.9, factor=0.5),
     "discrete-ddim": DiscreteDDIMSamplerConfig(),
-}
+})
 
 
 def sampler_preset(name: str, field: str = "sampler_preset"):
@@ -37,4 +61,4 @@ def sampler_preset(name: str, field: str = "sampler_preset"):
     """
     if not isinstance(name, str) or name not in SAMPLER_PRESETS:
         raise SamplerSettingError(field, f"unknown sampler preset {name!r}; presets: {', '.join(SAMPLER_PRESETS)}")
-    return dataclasses.replace(SAMPLER_PRESETS[name])
+    return SAMPLER_PRESETS[name]

@@ -157,6 +157,10 @@ def run_serve(args) -> int:
 
 
 def run_chat(args) -> int:
+    if args.prompt is not None and not args.prompt.strip():
+        print("error: --prompt is empty: give the message to send, or leave --prompt out to type messages",
+              file=sys.stderr)
+        return 2
     try:
         import openai
     except ImportError:

@@ -47,6 +47,8 @@ class DiffusionSettingFields(TypedDict, total=False):
     # `sampler` and the built-in samplers' settings (sampler_request.py; tests check this list is complete)
     sampler: str
     sampler_preset: str  # a named preset (generation/sampler_presets.py)
+    sampler_settings: dict  # any sampler's settings in one object, plug-ins included
+    stopper_settings: dict  # a plug-in stopper's settings (stopper_request.py)
     threshold: float
     editing_threshold: float
     greedy: bool

@@ -183,7 +183,7 @@ class ServingScheduler:
         """The request's plan, shared with every request of equal settings (so their rows sample in one call)."""
         c = s.config
         key = (s.sampling, repr(c.sampler_config), c.max_denoising_steps, c.t_min, c.t_max, c.stability_threshold,
-               c.confidence_threshold)
+               c.confidence_threshold, repr(c.stopper_config))
         if s.automaton is not None:  # one guide per constraint and budget; it keeps each row's state by its id
             key += (id(s.automaton), s.max_new_tokens)
         if key not in self._plans:

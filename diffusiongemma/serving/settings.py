@@ -3,7 +3,7 @@
 Standard fields: `max_tokens` (chat also `max_completion_tokens`), `stop`, `seed`. Extra body fields (the `openai`
 client sends them with `extra_body=`): the diffusion settings `max_denoising_steps`, `entropy_bound`, `t_min`, `t_max`,
 `stability_threshold`, `confidence_threshold`, `sampling`, and `stream_drafts`; `sampler` and its settings
-(sampler_request.py). `temperature` and `top_p` are accepted
+(`sampler_settings`, sampler_request.py); `stopper_settings` for a plug-in stopper (stopper_request.py). `temperature` and `top_p` are accepted
 and reported unused once (block diffusion follows its own temperature schedule), as `generate` does.
 
 Every range check is the generation config's (`generation_config.validate_field`), applied one field at a time so
@@ -23,7 +23,9 @@ from ..generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamp
 from ..generation_config import validate_field
 from ..generation.resolve import SEED_MAX
 from ..generation.sampler import sampling_names
+from ..sampler_configs import check_sampler_config
 from .sampler_request import request_sampler_config
+from .stopper_request import request_stopper_config
 
 logger = logging.get_logger(__name__)
 
@@ -140,6 +142,15 @@ def request_settings(body: dict, model_generation_config) -> RequestSettings:
             raise BadRequestField("entropy_bound", f"must be > 0, got {bound!r}")
         config.sampler_config = EntropyBoundSamplerConfig(entropy_bound=bound)
     config.sampler_config = request_sampler_config(present, config.sampler_config, BadRequestField)  # `sampler`
+    try:  # e.g. corrector_steps against this request's step budget
+        check_sampler_config(config.sampler_config, config.max_denoising_steps)
+    except ValueError as error:
+        nested = present.get("sampler_settings")
+        sent = {*present, *(f"sampler_settings.{k}" for k in (nested if isinstance(nested, dict) else {}))}
+        field = next((n for n in ("corrector_steps", "sampler_settings.corrector_steps", "max_denoising_steps",
+                                  "sampler_preset", "sampler") if n in sent), "sampler")
+        raise BadRequestField(field, str(error)) from None
+    config.stopper_config = request_stopper_config(present, config.stopper_config, BadRequestField)
     if not config.t_max > config.t_min:
         def cited(n):
             origin = "sent" if n in present else "this server's default"

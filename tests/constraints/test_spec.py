@@ -21,7 +21,7 @@ def test_schema_regex_comes_from_outlines_core():
 @pytest.mark.parametrize("schema, message", [
     ("{not json", "not valid JSON"),
     ("[1, 2]", "must be a JSON object"),
-    ({"type": "integer", "minimum": 3}, r"unsupported keyword 'minimum' at schema.minimum"),
+    ({"type": "number", "minimum": 0.5}, r"unsupported bound minimum=0.5 at schema.minimum"),
     ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}},
      r"'uniqueItems' at schema.properties.a.uniqueItems"),
     ({"not": {"type": "string"}}, "unsupported keyword 'not'"),

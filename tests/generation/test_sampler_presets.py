@@ -48,3 +48,17 @@ def test_preset_runs_in_lockstep_and_mixed_with_the_same_tokens(name):
     lock = model.generate(ids, batching="lockstep", **kw).sequences
     mixed = model.generate(ids, batching="mixed", **kw).sequences
     assert lock.shape == (3, 38) and torch.equal(lock, mixed)
+
+
+def test_the_preset_table_is_read_only_and_hands_out_copies():
+    table = diffusiongemma.SAMPLER_PRESETS
+    entry = table["block-refinement"]
+    entry.threshold = 0.1  # the caller's own copy
+    assert table["block-refinement"].threshold == 0.95 and sampler_preset("block-refinement").threshold == 0.95
+    table["discrete-ddim"].corrector_steps = 5
+    assert table["discrete-ddim"].corrector_steps == 0
+    with pytest.raises(TypeError):
+        table["block-refinement"] = entry
+    with pytest.raises(TypeError):
+        del table["block-refinement"]
+    assert list(table) == list(SAMPLER_NAMES) and len(table) == 4 and table.get("nope") is None

@@ -105,6 +105,14 @@ def test_chat_names_the_url_and_the_servers_message(capsys):
     assert f"cannot reach the server at http://127.0.0.1:{port}" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("prompt", ["", "  "])
+def test_chat_refuses_an_empty_prompt_naming_it(capsys, prompt):
+    from diffusiongemma.cli import main
+
+    assert main(["chat", "--url", "http://127.0.0.1:9", "--prompt", prompt]) == 2
+    assert "error: --prompt is empty" in capsys.readouterr().err
+
+
 def test_one_ctrl_c_stops_serve_during_a_long_request(tmp_path):
     import signal
 
