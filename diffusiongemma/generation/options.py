@@ -48,19 +48,26 @@ CAPABILITIES: dict[str, dict[str, str]] = {
 MODE_NAMES = {"lockstep": "batching='lockstep'", "slices": "lock-step slices (max_batch_size below the batch)",
               "mixed": "batching='mixed'", "invariant": "batch_invariant=True (which runs batching='mixed')"}
 FIXES = {
-    "streamer": "drop the streamer, or pass batching='lockstep' (and no max_batch_size below the batch)",
-    "past_key_values": "pass batching='lockstep' (and no max_batch_size below the batch)",
-    "return_trace": "pass batching='lockstep' (and no max_batch_size below the batch)",
+    "streamer": "drop the streamer, or pass batching='lockstep'",
+    "past_key_values": "pass batching='lockstep'",
+    "return_trace": "pass batching='lockstep'",
     "compile": "pass batching='lockstep', or leave `batching` unset",
     "a global-RNG sampler": "these need sampling='fast' or another sampler that draws per row",
 }
+
+
+def fix_for(feature: str, mode: str) -> str:
+    """What to pass instead: slices are undone by a `max_batch_size` of at least the batch."""
+    if mode == "slices" and feature != "a global-RNG sampler":
+        return "pass max_batch_size=None, or at least the batch size"
+    return FIXES[feature]
 
 
 def refuse(features: list[str], mode: str) -> None:
     """Raise the one ValueError naming every feature `mode` cannot do, why, and what to pass instead."""
     refused = [f for f in features if mode in CAPABILITIES[f]]
     if refused:
-        lines = [f"{f}: {CAPABILITIES[f][mode]} ({FIXES[f]})" for f in refused]
+        lines = [f"{f}: {CAPABILITIES[f][mode]} ({fix_for(f, mode)})" for f in refused]
         raise ValueError(f"{MODE_NAMES[mode]} cannot run with " + "; ".join(lines))
 
 
