@@ -29,12 +29,12 @@ from .generation.stopping import BaseStopper, register_stopper
 from .generation.sampler_presets import SAMPLER_PRESETS, sampler_preset
 from .processing import DiffusionGemmaProcessor, load_processor
 from .training.collator import DiffusionGemmaDataCollator
+from .version import __version__
 
 AutoModelForCausalLM.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
 AutoModelForImageTextToText.register(DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, exist_ok=True)
 AutoProcessor.register(DiffusionGemmaConfig, DiffusionGemmaProcessor, exist_ok=True)
 
-__version__ = "0.1.0"
 __all__ = [
     "BaseSampler",
     "BaseStopper",

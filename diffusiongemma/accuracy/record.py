@@ -10,6 +10,7 @@ import json
 
 import torch
 
+from ..version import __version__
 from .format import FORMAT_NAME, FORMAT_VERSION, Trace
 
 
@@ -37,10 +38,7 @@ def config_hash(config) -> str:
 def versions() -> dict:
     import transformers
 
-    import diffusiongemma
-
-    return {"diffusiongemma": diffusiongemma.__version__, "torch": torch.__version__,
-            "transformers": transformers.__version__}
+    return {"diffusiongemma": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def run_manifest(model, run) -> dict:
@@ -74,6 +72,7 @@ def run_manifest(model, run) -> dict:
         "generation_config": settings,
         "logits_processors": [type(p).__name__ for p in run.processors] if run.processors else [],
         "seeded_first_canvas": run.decoder_input_ids is not None,
+        "seeded_self_conditioning": run.self_conditioning_logits is not None,  # canvas 0, step 0 has an input
         "versions": versions(),
         "prompts": None,  # text, filled in by callers that have a tokenizer (the CLI)
     }

@@ -15,7 +15,7 @@ import torch
 from ..generation.engine import Plan, StepRows, denoise_rows
 from ..generation.entropy_bound import token_entropy
 from ..generation.plan import build_plan
-from ..generation.sampler import init_sampler_state
+from ..generation.sampler import init_sampler_state, sampling_names
 from ..generation.stopping import Stopper, stopper_for
 from ..generation_config import DiffusionGemmaGenerationConfig, resolve_generation_config
 from ..sampler_configs import EntropyBoundSamplerConfig, sampler_config_class
@@ -158,12 +158,17 @@ def replay_plan(model, trace: Trace, device: torch.device | str = "cpu") -> Plan
     """The trace's plan, built by the one plan builder (`generation.plan.build_plan`) from its recorded settings:
     sampler (manifest `sampling`, `sampler_config`), stopper and temperature schedule."""
     config = recorded_config(model, trace)
+    # `sampling` names how the draws were made (ours, or an engine's own name): teacher forcing never needs the
+    # draws, so a foreign name is fine (the config class's default runs); ours picks our own registered class
+    sampling = trace.manifest.get("sampling")
+    if sampling is not None and sampling not in sampling_names(type(config.sampler_config)):
+        sampling = None
     try:
-        return build_plan(model, config, trace.manifest.get("sampling"), device)
+        return build_plan(model, config, sampling, device)
     except ValueError as error:
         from .format import TraceFormatError
 
-        raise TraceFormatError(f"manifest `sampling`: {error}") from None
+        raise TraceFormatError(f"manifest `generation_config.sampler_config`: {error}") from None
 
 
 def replay_stopper(trace: Trace, model) -> Stopper:

@@ -117,7 +117,7 @@ class Lockstep:
             r.steps_remaining -= 1
             if w:
                 events.stepped.append(r)
-        events.drafts.extend((r, r.argmax[None]) for r in rows if r.draft)
+        events.drafts.extend((r, r.argmax[None], None) for r in rows if r.draft)  # no entropy: not a server row
         if all(r.stopped for r in rows) or n == 1:
             self.commit(pool, rows, events)
 

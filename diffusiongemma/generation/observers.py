@@ -36,7 +36,7 @@ class StreamerObserver:
             for record in events.records:
                 self.streamer.put_draft(logits=record.result.logits.to(self.embed_dtype).cpu())
         elif self.drafts and events.drafts:
-            self.streamer.put_draft(value=torch.cat([d for _, d in events.drafts]).cpu())  # [B, L]
+            self.streamer.put_draft(value=torch.cat([d for _, d, _ in events.drafts]).cpu())  # [B, L]
         if events.committed:
             self.streamer.put(torch.stack([c for _, c in events.committed]).cpu())  # [B, L]
 
@@ -60,7 +60,7 @@ class RoundStreamer:
 
     def __call__(self, events) -> None:
         if self.drafts and events.drafts:
-            for r, draft in events.drafts:
+            for r, draft, _ in events.drafts:
                 self.latest[r.index] = draft[0]
             self.streamer.put_draft(value=self.latest.clone())
         for r, canvas in events.committed:

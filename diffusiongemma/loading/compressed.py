@@ -27,6 +27,7 @@ from torch import nn
 
 from diffusiongemma.modeling.validation import check_experts_implementation
 from diffusiongemma.modeling.weights import checkpoint_names, checkpoint_shards, key_mapping_for, renamed_key
+from diffusiongemma.io.config_files import read_quantization_config
 from diffusiongemma.quantization.experts import empty_expert_lists
 from diffusiongemma.quantization.fp8 import FP8_DTYPE, FP8Linear, check_fp8_supported
 from diffusiongemma.quantization.nvfp4 import GROUP_SIZE, NVFP4Linear
@@ -43,15 +44,6 @@ from diffusiongemma.quantization.schemes import (
 
 PER_EXPERT_KEY = re.compile(r"layers\.(\d+)\.experts\.\d+\.")
 _PACKED_DTYPES = (FP8_DTYPE, torch.uint8)  # stored bytes: never cast
-
-
-def read_quantization_config(path: str) -> dict | None:
-    """The `quantization_config` object of `path`'s config.json, or None (not a local folder, or not quantized)."""
-    config_file = os.path.join(str(path), "config.json")
-    if not os.path.isfile(config_file):
-        return None
-    with open(config_file) as f:
-        return json.load(f).get("quantization_config")
 
 
 def is_compressed_tensors_checkpoint(path: str) -> bool:

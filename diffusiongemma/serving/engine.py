@@ -97,9 +97,16 @@ class DiffusionGenerateManager(BaseGenerateManager):
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         tokenizer = getattr(processor, "tokenizer", processor)
+        if settings.tools is not None:  # calls are read from the text with its special tokens (serving/tools.py)
+            settings.tools.bind(tokenizer, settings)  # else 400: the template does not render tools
+            response_parser = settings.tools
         settings.automaton = compiled_constraint(settings, tokenizer, self.scheduler.V)  # else 400
         settings.tokenizer = tokenizer
         streamer = RowStreamer(tokenizer, loop, queue, settings, response_parser=response_parser)
+        if settings.logprobs is not None:  # one decoder pass per committed canvas (serving/logprobs.py)
+            from .logprobs import CanvasScorer
+
+            streamer.scorer = CanvasScorer(model, settings.logprobs)
         self.scheduler.submit(Job(prompt, settings, streamer))  # QueueFull: 429 (handlers.add_error_handlers)
         return queue, streamer
 
@@ -114,7 +121,7 @@ class DiffusionGenerateManager(BaseGenerateManager):
             while (item := await queue.get()) is not None:
                 if isinstance(item, _StreamError):
                     raise RuntimeError(item.msg)
-                if not isinstance(item, DraftText):
+                if isinstance(item, str) and not isinstance(item, DraftText):  # content (tool calls: tools.py)
                     pieces.append(item)
         except asyncio.CancelledError:  # the client went away: free the row
             streamer.cancel()

@@ -26,6 +26,7 @@ from transformers.utils import logging
 from ..generation.engine import Plan
 from ..generation.plan import build_plan
 from ..generation.pool import Row, RowPool
+from .drafts import draft_confidence
 from .settings import RequestSettings
 
 logger = logging.get_logger(__name__)
@@ -218,9 +219,12 @@ class ServingScheduler:
 
     def _stream(self, events) -> None:
         """A pass's events to the requests' streams: drafts, committed canvases, failures, ends."""
-        drafted = {id(r) for r, _ in events.drafts}
-        for r, draft in events.drafts:
-            r.owner.streamer.put_draft(value=draft)
+        drafted = {id(r) for r, _, _ in events.drafts}
+        for r, draft, entropy in events.drafts:
+            if r.owner.settings.draft.confidence:
+                r.owner.streamer.put_draft(value=draft, confidence=draft_confidence(entropy, self.V))
+            else:
+                r.owner.streamer.put_draft(value=draft)
         for r in events.stepped:
             if id(r) not in drafted:
                 r.owner.streamer.step += 1

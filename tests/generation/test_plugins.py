@@ -320,3 +320,54 @@ def test_a_stopper_config_changed_after_construction_is_checked_again(model):
     config.patience = 0  # its __post_init__ never saw this
     with pytest.raises(ValueError, match="`patience` must be a positive int"):
         model.generate(torch.arange(3, 8)[None], stopper_config=config, **KW)
+
+
+@dataclasses.dataclass
+class ArgmaxConfig:
+    """A global-RNG plug-in: the base class's canvas, every position its argmax at once."""
+
+    def to_dict(self):
+        return {"_cls_name": type(self).__name__}
+
+
+class ArgmaxSampler(diffusiongemma.BaseSampler):
+    per_row = False  # the base class draws its noise canvas from the global RNG
+
+    def step(self, logits, canvas, temperature, step, generators, soft_embed=None):
+        argmax = logits.argmax(dim=-1)  # [B, L]
+        entropy = torch.zeros(argmax.shape)
+        return diffusiongemma.StepOutput(argmax, argmax, torch.ones_like(argmax, dtype=torch.bool), entropy)
+
+
+diffusiongemma.register_sampler(ArgmaxConfig, ArgmaxSampler, sampling="reference")
+
+
+def test_base_sampler_defaults(model):
+    """`BaseSampler`: a uniform noise canvas (global RNG here), no state (`step` gets no `state=`)."""
+    sampler = ArgmaxSampler(ArgmaxConfig(), diffusiongemma.SamplerContext(vocab_size=128, max_steps=4))
+    assert sampler.init_state(2, 16, torch.device("cpu")) is None
+    torch.manual_seed(7)
+    first = sampler.init_canvas(2, 16, torch.device("cpu"), None)
+    torch.manual_seed(7)
+    assert torch.equal(first, torch.randint(0, 128, (2, 16)))
+    ids = torch.arange(3, 8)[None]
+    torch.manual_seed(0)
+    out = model.generate(ids, sampler_config=ArgmaxConfig(), **KW)
+    with pytest.raises(ValueError, match="need.*per row"):  # a global-RNG sampler refuses mixed batching, as built-ins
+        model.generate(torch.cat([ids, ids]), sampler_config=ArgmaxConfig(), batching="mixed", **KW)
+    torch.manual_seed(0)
+    again = model.generate(ids, sampler_config=ArgmaxConfig(), **KW)
+    assert torch.equal(out.sequences, again.sequences)  # the global RNG, seeded, fixes the noise canvas
+
+
+def test_register_stopper_checks_its_arguments():
+    class NoState:
+        def __call__(self, argmax_canvas, entropy, state):
+            return entropy.mean(-1) < 1, state
+
+    with pytest.raises(TypeError, match="init_state"):
+        diffusiongemma.register_stopper(StopperConfig, NoState)
+    with pytest.raises(TypeError, match="to_dict"):
+        diffusiongemma.register_stopper(object, STOPPER["PatienceStopper"])
+    with pytest.raises(NotImplementedError, match="__call__"):
+        diffusiongemma.BaseStopper(None)(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4), None)
