@@ -35,10 +35,11 @@ def installed_package() -> Path:
 
 
 def missing_files(checkout: Path, installed: Path) -> list[str]:
-    """Source .py files and demo-model files of the checkout that the install lacks."""
+    """Source .py files, demo-model files and the playground page of the checkout that the install lacks."""
     source = checkout / "diffusiongemma"
     wanted = [p for p in source.rglob("*.py") if "__pycache__" not in p.parts]
     wanted += [p for p in (source / "sudoku" / "demo_model").iterdir() if p.is_file()]
+    wanted.append(source / "serving" / "playground.html")  # the page `GET /playground` serves
     return [str(p.relative_to(source)) for p in wanted if not (installed / p.relative_to(source)).is_file()]
 
 

@@ -9,6 +9,7 @@
     diffusiongemma train sft --model PATH --data FILE.jsonl --out DIR [--lora]   fine-tune (docs/training.md)
     diffusiongemma quantize --scheme fp8-dynamic|nvfp4 SRC DST
     diffusiongemma trace | compare | golden             reference accuracy (docs/reference-accuracy.md)
+    diffusiongemma eval --model PATH --tasks NAMES      lm-evaluation-harness tasks (docs/evaluation.md)
 
 Each command lives in its own `add_*_command(subparsers)` function; `main` wires them together.
 """
@@ -178,8 +179,8 @@ def run_generate(args) -> int:
         print(f"[{canvases} canvas(es) max, tokens per forward: {', '.join(f'{t:.2f}' for t in tpf)}]",
               file=sys.stderr)
     if getattr(out, "truncated", None) is not None and bool(out.truncated.any()):
-        print("error: --max-new-tokens ran out before the answer matched the constraint: the text above is "
-              "incomplete", file=sys.stderr)
+        why = next(r for r in out.truncation_reasons if r is not None)
+        print(f"error: {why}: the text above is not a whole answer", file=sys.stderr)
         return 3
     return 0
 
@@ -299,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_command(subparsers)
     from .accuracy.cli import add_accuracy_commands
     from .conversion.cli import add_convert_commands
+    from .evaluation.cli import add_eval_command
     from .quantization.cli import add_quantize_command
     from .serving.cli import add_serve_commands
     from .sudoku.cli import add_sudoku_commands
@@ -309,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_accuracy_commands(subparsers)
     add_serve_commands(subparsers)
     add_convert_commands(subparsers)
+    add_eval_command(subparsers)
     return parser
 
 

@@ -1,6 +1,6 @@
 """Generation settings: transformers' `DiffusionGemmaGenerationConfig` with strict, clear validation (spec A.5, D.1).
 
-The bottom layer (it imports only transformers and `sampler_configs`): the network (`modeling/`) and generation both
+The bottom layer (it imports only transformers, `sampler_configs` and `stopper_configs`): the network (`modeling/`) and generation both
 read it. `diffusiongemma.generation.config` re-exports it.
 
 We subclass transformers' class so `generation_config.json` files load and save identically in both directions;
@@ -22,6 +22,7 @@ from .sampler_configs import (
     sampler_config_class,
     sampler_config_names,
 )
+from .stopper_configs import stopper_config_class, stopper_config_names
 
 __all__ = ["DiffusionGemmaGenerationConfig", "EntropyBoundSamplerConfig", "GLOBAL_DEFAULTS", "MAX_DENOISING_STEPS",
            "MAX_STABILITY_THRESHOLD", "resolve_generation_config", "validate_field"]
@@ -60,8 +61,21 @@ class DiffusionGemmaGenerationConfig(_BuiltinGenerationConfig):
 
     Fields: max_new_tokens, max_length, max_denoising_steps, sampler_config (`EntropyBoundSamplerConfig`), t_min,
     t_max, stability_threshold, confidence_threshold, eos_token_id, pad_token_id, bos_token_id,
-    return_dict_in_generate, cache_implementation, cache_config, disable_compile.
+    return_dict_in_generate, cache_implementation, cache_config, disable_compile; and ours, `stopper_config`: a
+    registered plug-in stopper's config (`diffusiongemma.register_stopper`), or None for the built-in
+    stable-and-confident stopper (set by `stability_threshold` and `confidence_threshold`). It is saved only when
+    set, so a config without one stays loadable by transformers' own class.
     """
+
+    def __init__(self, **kwargs):
+        self.stopper_config = kwargs.pop("stopper_config", None)  # before the built-in's __init__ validates
+        super().__init__(**kwargs)
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        if out.get("stopper_config", False) is None:
+            del out["stopper_config"]
+        return out
 
     def validate(self, **unused_kwargs) -> None:
         for name in ("max_denoising_steps", "max_new_tokens", "max_length", "t_min", "t_max", "stability_threshold",
@@ -75,6 +89,16 @@ class DiffusionGemmaGenerationConfig(_BuiltinGenerationConfig):
                 f"`sampler_config` must be a registered sampler config ({', '.join(sampler_config_names())}; see "
                 f"diffusiongemma.register_sampler), got {type(self.sampler_config).__name__}"
             )
+        stopper = getattr(self, "stopper_config", None)
+        if stopper is not None and (
+            isinstance(stopper, dict) or type(stopper).__name__ not in stopper_config_names()
+            or stopper_config_class(type(stopper).__name__) is not type(stopper)
+        ):
+            raise ValueError(
+                f"`stopper_config` must be None (the built-in stopper, set by `stability_threshold` and "
+                f"`confidence_threshold`) or a registered stopper config ({', '.join(stopper_config_names()) or 'none'}"
+                f"; see diffusiongemma.register_stopper), got {type(stopper).__name__}"
+            )
         if self.t_min is not None and self.t_max is not None and not self.t_max > self.t_min:
             raise ValueError(f"`t_max` must be greater than `t_min`, got t_max={self.t_max} <= t_min={self.t_min}")
         bound = getattr(self.sampler_config, "entropy_bound", None)
@@ -84,6 +108,8 @@ class DiffusionGemmaGenerationConfig(_BuiltinGenerationConfig):
             raise ValueError(f"`sampler_config.entropy_bound` must be a finite float > 0, got {bound!r}")
         if self.sampler_config is not None:
             check_sampler_config(self.sampler_config, self.max_denoising_steps)  # fields changed after construction
+        if stopper is not None:
+            check_sampler_config(stopper, None)  # the same re-check: a dataclass stopper config's own checks
         if self.cache_implementation not in (None, "dynamic"):
             raise ValueError(
                 f"`cache_implementation` must be None or 'dynamic' (diffusiongemma keeps its own block cache), "
@@ -96,15 +122,17 @@ class DiffusionGemmaGenerationConfig(_BuiltinGenerationConfig):
                 raise ValueError(f"`{name}` must be a non-negative integer (or a list for eos), got {value!r}")
 
     def _resolve_dataclasses(self) -> None:
-        """A saved `sampler_config` (its fields plus `_cls_name`) back into its class: any registered sampler config
-        (`diffusiongemma.register_sampler`), not only the built-in's own."""
-        attr = getattr(self, "sampler_config", None)
-        if isinstance(attr, dict):
-            fields = dict(attr)
-            name = fields.pop("_cls_name", None)
-            if name is None:
-                raise ValueError("`sampler_config` given as a dict needs its `_cls_name` (the sampler config class)")
-            self.sampler_config = sampler_config_class(name)(**fields)
+        """A saved `sampler_config` / `stopper_config` (its fields plus `_cls_name`) back into its class: any
+        registered config (`diffusiongemma.register_sampler` / `register_stopper`), not only the built-in's own."""
+        for attr_name, class_named in (("sampler_config", sampler_config_class),
+                                       ("stopper_config", stopper_config_class)):
+            attr = getattr(self, attr_name, None)
+            if isinstance(attr, dict):
+                fields = dict(attr)
+                name = fields.pop("_cls_name", None)
+                if name is None:
+                    raise ValueError(f"`{attr_name}` given as a dict needs its `_cls_name` (the config class)")
+                setattr(self, attr_name, class_named(name)(**fields))
 
     @classmethod
     def from_builtin(cls, config: _BuiltinGenerationConfig) -> "DiffusionGemmaGenerationConfig":
@@ -170,11 +198,27 @@ def resolve_generation_config(
             setattr(config, key, value)
     if config.sampler_config is None:
         config.sampler_config = EntropyBoundSamplerConfig(entropy_bound=DEFAULT_ENTROPY_BOUND)
+    if not hasattr(config, "stopper_config"):  # a config unpickled from before the field
+        config.stopper_config = None
     explicit = {k for k in kwargs if k in config.__dict__ and not k.startswith("_")}
     rest = {k: v for k, v in kwargs.items() if k not in explicit}
     for key in explicit:
         setattr(config, key, kwargs[key])
-    if isinstance(config.sampler_config, dict):
+    if isinstance(config.sampler_config, dict) or isinstance(config.stopper_config, dict):
         config._resolve_dataclasses()
     config.validate()
+    check_stopper_fields(config, explicit)
     return config, rest, explicit
+
+
+BUILTIN_STOPPER_FIELDS = ("stability_threshold", "confidence_threshold")
+
+
+def check_stopper_fields(config, given) -> None:
+    """The built-in stopper's fields set together with a plug-in `stopper_config` would be ignored: refused.
+    given: the names the caller set explicitly."""
+    ignored = [n for n in BUILTIN_STOPPER_FIELDS if n in given]
+    if config.stopper_config is not None and ignored:
+        raise ValueError(f"`{ignored[0]}` sets the built-in stopper, but this run's `stopper_config` is a "
+                         f"{type(config.stopper_config).__name__}: set that config's fields instead (or pass "
+                         f"stopper_config=None)")

@@ -227,6 +227,7 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         decoder_attention_mask: torch.Tensor | None = None,
         decoder_position_ids: torch.LongTensor | None = None,
         labels: torch.LongTensor | None = None,
+        labels_canvas_length: int | torch.Tensor | None = None,
         pixel_values: torch.Tensor | None = None,
         image_position_ids: torch.LongTensor | None = None,
         mm_token_type_ids: torch.LongTensor | None = None,
@@ -251,6 +252,9 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
             decoder_position_ids: [1 or B, L]; default: slots S..S+L-1.
             labels: [B, L] clean canvas for the training loss, or [B, K*L] for K canvases (see
                 `diffusiongemma.training`); `config.ar_loss_weight` (default 1.0) weighs its AR prefix loss.
+            labels_canvas_length: the canvas length `labels` were laid out for (`DiffusionGemmaDataCollator` puts it
+                in every batch, as a 0-d tensor); another value than `config.canvas_length` is a ValueError naming
+                both.
             pixel_values: [I, M, 3*p*p] images from the Gemma 4 processor, encoded once into the placeholders of
                 `input_ids` (`config.image_token_id`); image_position_ids: [I, M, 2] their patch positions.
             mm_token_type_ids: [B, P] 1 at image tokens: with `use_bidirectional_attention == "vision"` each image's
@@ -281,6 +285,10 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
             raise ValueError("the training loss (`labels`) takes text prompts only; drop the image inputs")
         if return_dict is None:
             return_dict = self.config.return_dict
+        if labels_canvas_length is not None and int(labels_canvas_length) != self.config.canvas_length:
+            raise ValueError(f"the batch was laid out for canvas_length={int(labels_canvas_length)} (the data "
+                             f"collator's), but the model's config.canvas_length is {self.config.canvas_length}: build "
+                             "the collator with model=model")
         if labels is not None:
             loss = block_diffusion_loss(
                 self, input_ids=input_ids, attention_mask=attention_mask, labels=labels,

@@ -1,5 +1,5 @@
-"""The README's install section says which torch build `pip install torch` gives and how to choose one, and its two
-set-up commands are the ones CI (.ci/run) runs."""
+"""The README's install section says which torch build `pip install torch` gives and how to choose one, its two
+set-up commands are the ones CI (.ci/run) runs, and the browser packages it names are the ones CI installs."""
 
 import re
 from pathlib import Path
@@ -26,3 +26,9 @@ def test_cpu_only_and_cuda_builds_are_explained():
     assert "the CPU wheel" not in text  # PyPI's Linux wheel is the CUDA build
     assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in text
     assert "https://download.pytorch.org/whl/cuXYZ" in text and "pytorch.org/get-started" in text
+
+
+def test_browser_packages_are_the_ones_ci_installs():
+    apt = re.search(r"apt-get install -y ([\w -]+?)\s+#", install_section()).group(1).split()
+    assert apt == ["chromium", "chromium-driver"]
+    assert f"apt-get install -y {' '.join(apt)}\n" in (REPO / ".ci" / "run").read_text()

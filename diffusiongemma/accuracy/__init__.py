@@ -12,6 +12,10 @@ running OpenAI-compatible server, golden outputs (docs/reference-accuracy.md, do
     cli.py      the `trace`, `compare` and `golden` commands
 """
 
+from ..generation.recording import install_trace_recorder
 from .format import FORMAT_NAME, FORMAT_VERSION, Trace, TraceFormatError, load_trace
+from .record import TraceRecorder
+
+install_trace_recorder(TraceRecorder)  # `generate(return_trace=True)` records with it
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Trace", "TraceFormatError", "load_trace"]

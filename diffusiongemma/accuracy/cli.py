@@ -127,6 +127,17 @@ def add_accuracy_commands(subparsers) -> None:
     p.add_argument("--min-top1", type=_fraction, default=None,
                    help="least top-1 agreement per step (default 0.99; minimal traces: none)")
     p.add_argument("--max-kl", type=_non_negative, default=None, help="largest mean KL per step (default 0.01)")
+    p.add_argument("--temperature-tol", type=_non_negative, default=None,
+                   help="check `temperature`: largest |recorded - scheduled| temperature (default 1e-3)")
+    p.add_argument("--sc-tol", type=_non_negative, default=None,
+                   help="check `self_conditioning`: largest |recorded input log-prob - previous step's| (default 2e-2)")
+    p.add_argument("--sc-embedding-tol", type=_non_negative, default=None,
+                   help="check `self_conditioning`: largest |sc_embedding| where no input is due (default 0: exact)")
+    p.add_argument("--near-tie", type=_non_negative, default=None,
+                   help="checks `acceptance`, `stop`: relative slack around the entropy bound / confidence threshold "
+                        "within which either decision passes (default 1e-3)")
+    p.add_argument("--renoise-sigmas", type=_non_negative, default=None,
+                   help="check `renoise`: binomial z-score of non-accepted positions holding the argmax (default 6)")
     from .engine_compare import add_engine_arguments
 
     add_engine_arguments(p)
@@ -227,9 +238,29 @@ def run_compare(args) -> int:
     else:
         min_top1 = DEFAULT_MIN_TOP1 if args.min_top1 is None else args.min_top1
         max_kl = DEFAULT_MAX_KL if args.max_kl is None else args.max_kl
-    summary = summarize(scores, trace.is_minimal, min_top1, max_kl)
+    try:
+        verdicts = trace_checks(trace, model, args)
+    except TraceFormatError as e:
+        print(f"error: malformed trace: {e}", file=sys.stderr)
+        return 2
+    summary = summarize(scores, trace.is_minimal, min_top1, max_kl, verdicts)
     print(json.dumps(summary, indent=2) if args.json else format_table(summary))
     return 0 if summary["passed"] else 1
+
+
+def trace_checks(trace, model, args) -> dict:
+    """The algorithm checks (accuracy/checks.py) with the recorded sampler and stopper and the flags' tolerances."""
+    from .checks import Tolerances, recorded_sampler_config, run_checks
+    from .replay import replay_stopper
+
+    settings = trace.manifest.get("generation_config") or {}
+    recorded_stop = settings.get("stopper_config") is not None or (
+        settings.get("stability_threshold") is not None and settings.get("confidence_threshold") is not None)
+    stopper = replay_stopper(trace, model) if recorded_stop else None
+    tol = Tolerances(**{k: v for k, v in (("temperature", args.temperature_tol), ("sc_logprob", args.sc_tol),
+                                          ("sc_embedding", args.sc_embedding_tol), ("near_tie", args.near_tie),
+                                          ("renoise_sigmas", args.renoise_sigmas)) if v is not None})
+    return run_checks(trace, recorded_sampler_config(trace.manifest), stopper, tol)
 
 
 def run_golden(args) -> int:

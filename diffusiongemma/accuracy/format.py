@@ -251,6 +251,9 @@ def _check_manifest_types(m: dict) -> None:
     for key, (ok, what) in checks.items():
         if g.get(key) is not None:
             _check(ok(g[key]), f"manifest `generation_config.{key}` must be {what}, got {g[key]!r}")
+    stopper = g.get("stopper_config")
+    _check(stopper is None or isinstance(stopper, dict) and isinstance(stopper.get("_cls_name"), str),
+           f"manifest `generation_config.stopper_config` must be a JSON object with its `_cls_name`, got {stopper!r}")
     sampler = g.get("sampler_config")
     if sampler is not None:
         _check(isinstance(sampler, dict), f"manifest `generation_config.sampler_config` must be a JSON object, got "

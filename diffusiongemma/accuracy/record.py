@@ -10,6 +10,7 @@ import json
 
 import torch
 
+from ..version import __version__
 from .format import FORMAT_NAME, FORMAT_VERSION, Trace
 
 
@@ -37,10 +38,7 @@ def config_hash(config) -> str:
 def versions() -> dict:
     import transformers
 
-    import diffusiongemma
-
-    return {"diffusiongemma": diffusiongemma.__version__, "torch": torch.__version__,
-            "transformers": transformers.__version__}
+    return {"diffusiongemma": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def run_manifest(model, run) -> dict:
@@ -49,6 +47,8 @@ def run_manifest(model, run) -> dict:
     generators = run.generators
     settings = {k: v for k, v in config.to_dict().items() if not str(k).startswith("_") and k != "transformers_version"}
     settings["sampler_config"] = config.sampler_config.to_dict()  # its fields and `_cls_name`
+    if getattr(config, "stopper_config", None) is not None:  # a plug-in stopper (None: the built-in, from the fields)
+        settings["stopper_config"] = config.stopper_config.to_dict()
     return {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
@@ -72,6 +72,7 @@ def run_manifest(model, run) -> dict:
         "generation_config": settings,
         "logits_processors": [type(p).__name__ for p in run.processors] if run.processors else [],
         "seeded_first_canvas": run.decoder_input_ids is not None,
+        "seeded_self_conditioning": run.self_conditioning_logits is not None,  # canvas 0, step 0 has an input
         "versions": versions(),
         "prompts": None,  # text, filled in by callers that have a tokenizer (the CLI)
     }

@@ -14,9 +14,10 @@ import torch
 
 from ..generation.engine import Plan, StepRows, denoise_rows, soft_embedder
 from ..generation.entropy_bound import token_entropy
-from ..generation.sampler import SamplerContext, init_sampler_state, sampler_class_for
-from ..generation.stopping import StableAndConfidentStopper
+from ..generation.sampler import SamplerContext, init_sampler_state, sampler_class_for, sampling_names
+from ..generation.stopping import StableAndConfidentStopperConfig, Stopper, stopper_class_for
 from ..sampler_configs import EntropyBoundSamplerConfig, sampler_config_class
+from ..stopper_configs import stopper_config_class
 from ..modeling.masks import PaddingSlots
 from .format import Trace
 from .selfcond import SelfConditioningRebuild, soft_from_top_k  # noqa: F401  (soft_from_top_k: API)
@@ -139,19 +140,41 @@ def replay_plan(model, trace: Trace) -> Plan:
     else:
         sampler_config = model.generation_config.sampler_config or EntropyBoundSamplerConfig(entropy_bound=0.1)
     try:
-        sampler_class = sampler_class_for(sampler_config, trace.manifest.get("sampling"))
+        sampler_class = sampler_class_for(sampler_config, None)  # the rule comes from the config class
     except ValueError as error:
         from .format import TraceFormatError
 
-        raise TraceFormatError(f"manifest `sampling`: {error}") from None
+        raise TraceFormatError(f"manifest `generation_config.sampler_config`: {error}") from None
+    # `sampling` names how the draws were made (ours, or an engine's own name): teacher forcing never needs the
+    # draws, so a foreign name is fine; ours picks our own registered class for the same rule
+    sampling = trace.manifest.get("sampling")
+    if sampling is not None and sampling in sampling_names(type(sampler_config)):
+        sampler_class = sampler_class_for(sampler_config, sampling)
     steps = int(generation_setting(trace, model, "max_denoising_steps"))
     return Plan(
         sampler=sampler_class(sampler_config, SamplerContext(model.config.text_config.vocab_size, steps)),
-        stopper=StableAndConfidentStopper(int(generation_setting(trace, model, "stability_threshold")),
-                                          float(generation_setting(trace, model, "confidence_threshold"))),
+        stopper=replay_stopper(trace, model),
         max_steps=steps, temperatures=torch.ones(steps + 1), processors=None,
         soft_embed=soft_embedder(model.get_decoder(), exact_reference=not sampler_class.per_row),
     )
+
+
+def replay_stopper(trace: Trace, model) -> Stopper:
+    """The trace's stopper: its plug-in `stopper_config` (manifest), else the built-in with the trace's thresholds."""
+    saved = dict((trace.manifest.get("generation_config") or {}).get("stopper_config") or {})
+    if saved:
+        name = saved.pop("_cls_name", None)
+        try:
+            config = stopper_config_class(name)(**saved)
+        except (TypeError, ValueError) as error:
+            from .format import TraceFormatError
+
+            raise TraceFormatError(f"manifest `generation_config.stopper_config` ({name}) cannot be rebuilt: "
+                                   f"{error}") from None
+    else:
+        config = StableAndConfidentStopperConfig(int(generation_setting(trace, model, "stability_threshold")),
+                                                 float(generation_setting(trace, model, "confidence_threshold")))
+    return stopper_class_for(config)(config)
 
 
 @torch.no_grad()

@@ -19,8 +19,23 @@ def step_fails(s: StepScore, min_top1: float | None, max_kl: float | None) -> bo
                                                            and s.kl > max_kl)
 
 
-def summarize(scores: list[StepScore], minimal: bool, min_top1: float | None, max_kl: float | None) -> dict:
-    """Per-canvas aggregates, the worst step, the first canvas that fails, and the verdict."""
+def model_check(scores: list[StepScore], min_top1: float | None, max_kl: float | None) -> dict:
+    """The `model` check as the other checks report (accuracy/checks.py `CheckResult.as_dict`)."""
+    failing = [s for s in scores if step_fails(s, min_top1, max_kl)]
+    first = None
+    if failing:
+        f = failing[0]
+        first = {"check": "model", "canvas": f.canvas, "step": f.step, "row": None, "position": None,
+                 "detail": f"top1 {f.top1:.4f}, KL {f.kl:.3e} (thresholds min_top1 {min_top1}, max_kl {max_kl})"}
+    return {"name": "model", "status": "fail" if failing else "pass", "checked": sum(1 for s in scores if s.rows),
+            "failures": len(failing), "first": first, "reason": "",
+            "failing_steps": [[s.canvas, s.step] for s in failing]}
+
+
+def summarize(scores: list[StepScore], minimal: bool, min_top1: float | None, max_kl: float | None,
+              verdicts: dict | None = None) -> dict:
+    """Per-canvas aggregates, the worst step, the verdict of every check (`model` and the algorithm checks of
+    `verdicts`, name -> checks.CheckResult), the first failure (earliest canvas and step), and the overall verdict."""
     canvases = {}
     for s in scores:
         entry = canvases.setdefault(s.canvas, {"canvas": s.canvas, "steps": 0, "failing_steps": 0, "top1_min": 1.0,
@@ -33,11 +48,23 @@ def summarize(scores: list[StepScore], minimal: bool, min_top1: float | None, ma
                 entry["kl_max"] = max(entry["kl_max"], s.kl)
     counted = [s for s in scores if s.rows]
     worst = min(counted, key=lambda s: (s.top1, -(0.0 if math.isnan(s.kl) else s.kl)), default=None)
-    failing = [c for c, e in sorted(canvases.items()) if e["failing_steps"]]
+    checks = {"model": model_check(scores, min_top1, max_kl)}
+    checks.update({name: result.as_dict() for name, result in (verdicts or {}).items()})
+    for name, check in checks.items():
+        for c, _ in check["failing_steps"]:
+            if c in canvases and name != "model":
+                canvases[c]["failing_steps"] += 1
+    failing = sorted({c for check in checks.values() for c, _ in check["failing_steps"]})
+    firsts = [ch["first"] for ch in checks.values() if ch["first"] is not None]
+    first = min(firsts, key=lambda f: (f["canvas"], f["step"]), default=None)
     return {
         "mode": "minimal" if minimal else "full",
         "thresholds": {"min_top1": min_top1, "max_kl": max_kl},
-        "passed": not failing,
+        "passed": not failing and first is None,
+        "first_failure": first,
+        "failed_checks": [n for n, ch in checks.items() if ch["status"] == "fail"],
+        "skipped_checks": {n: ch["reason"] for n, ch in checks.items() if ch["status"] == "skipped"},
+        "checks": checks,
         "first_failing_canvas": failing[0] if failing else None,
         "failing_canvases": failing,
         "worst_step": worst.as_dict() if worst is not None else None,
@@ -86,10 +113,19 @@ def format_table(summary: dict) -> str:
     if w is not None:
         where = f"canvas {w['canvas']}" + ("" if w["step"] < 0 else f", step {w['step']}")
         lines.append(f"worst step: {where} (top1 {w['top1']:.4f}" + ("" if minimal else f", KL {w['kl']:.3e}") + ")")
+    for name, check in summary.get("checks", {}).items():
+        extra = (f" ({check['reason']})" if check["status"] == "skipped"
+                 else f", {check['failures']} failing of {check['checked']}" if check["status"] == "fail" else "")
+        lines.append(f"check {name:<18} {check['status'].upper()}{extra}")
+    first = summary.get("first_failure")
+    if first is not None:
+        lines.append(f"first failure: check {first['check']} at canvas {first['canvas']}, step {first['step']}, row "
+                     f"{first['row']}, position {first['position']}: {first['detail']}")
     shown = {k: v for k, v in th.items() if v is not None}
     if summary["passed"]:
         lines.append(f"PASS: every step within {shown or 'no thresholds'}")
     else:
-        lines.append(f"FAIL: canvases {summary['failing_canvases']} exceed {shown}; first divergence at canvas "
+        lines.append(f"FAIL: checks {summary.get('failed_checks', ['model'])} fail (model thresholds {shown}); "
+                     f"canvases {summary['failing_canvases']}, first divergence at canvas "
                      f"{summary['first_failing_canvas']}")
     return "\n".join(lines)

@@ -14,14 +14,16 @@ rows the tokenizer does not have are never allowed.
 Legend: S states (DONE last), V vocabulary rows of the model, C token classes, E allowed (state, class) pairs.
 """
 
+import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
+from .budget import DEFAULT_BUDGET, GIB, CompileBudget, run_within_budget
 from .errors import ConstraintError
-from .vocabulary import token_bytes
+from .vocabulary import check_decode, token_bytes
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,6 +41,9 @@ class TokenAutomaton:
         class_token: [C] long, one token of each class (a fallback when all of a class' logits are -inf).
         description: the constraint, for messages.
         pad_id: the padding id (the only token DONE allows), or None.
+        constraint: the `Regex` / `JsonSchema` it was compiled from.
+        spelled: [V] the bytes each token id spells (None: never inside an answer), as the automaton reads them.
+        end_ids: the EOS ids and the pad id: where an answer ends.
     """
 
     token_class: torch.Tensor
@@ -53,6 +58,9 @@ class TokenAutomaton:
     class_token: torch.Tensor
     description: str
     pad_id: int | None = None
+    constraint: object = None
+    spelled: tuple = ()
+    end_ids: tuple = ()
 
     @property
     def num_states(self) -> int:
@@ -74,7 +82,7 @@ class TokenAutomaton:
         moved = {name: getattr(self, name).to(device) for name in
                  ("token_class", "class_table", "accepting", "distance", "src", "cls", "dst", "class_token")}
         return TokenAutomaton(initial=self.initial, done=self.done, description=self.description, pad_id=self.pad_id,
-                              **moved)
+                              constraint=self.constraint, spelled=self.spelled, end_ids=self.end_ids, **moved)
 
     def walk(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """states [R] long, tokens [R, N] -> the state after each row's tokens [R]; -1 once a token is not allowed
@@ -90,7 +98,9 @@ class TokenAutomaton:
 
 
 def index_transitions(regex: str, spelled: list[bytes | None], sentinel: int, description: str):
-    """outlines-core's Index over the spelled tokens -> (transitions {state: {token: next}}, initial, finals)."""
+    """outlines-core's Index over the spelled tokens -> (transitions {state: (tokens, next states)} as int64 numpy
+    arrays, initial, finals)."""
+    import numpy as np
     from outlines_core import Index, Vocabulary
 
     by_bytes: dict[bytes, list[int]] = {}
@@ -107,7 +117,9 @@ def index_transitions(regex: str, spelled: list[bytes | None], sentinel: int, de
         if "incompatible with the regex" in message:
             raise ConstraintError(f"{description}: the tokenizer cannot spell it ({message})") from None
         raise ConstraintError(f"{description}: malformed or unsupported regular expression ({message})") from None
-    return index.get_transitions(), index.get_initial_state(), set(index.get_final_states())
+    transitions = {state: (np.fromiter(row.keys(), np.int64, len(row)), np.fromiter(row.values(), np.int64, len(row)))
+                   for state, row in index.get_transitions().items()}  # arrays pickle fast (budget.py)
+    return transitions, index.get_initial_state(), set(index.get_final_states())
 
 
 def dense_table(transitions: dict, initial: int, finals: set, vocab_size: int, sentinel: int, eos_ids: list[int],
@@ -119,11 +131,13 @@ def dense_table(transitions: dict, initial: int, finals: set, vocab_size: int, s
         ConstraintError: no answer satisfies the constraint.
     """
     states = sorted(set(transitions) | finals | {initial})
-    edges = {s: transitions.get(s, {}) for s in states}  # the sentinel (outlines' EOS) is >= V: dropped below
+    empty = (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+    edges = {s: tuple(map(torch.as_tensor, transitions[s])) if s in transitions else empty for s in states}
+    # (the sentinel, outlines' EOS, is >= V: dropped below)
     # keep the states from which some accepting state can be reached (search over the reverse edges)
     parents: dict[int, set] = {}
     for s in states:
-        for n in set(edges[s].values()):
+        for n in set(edges[s][1].tolist()):
             parents.setdefault(n, set()).add(s)
     live, todo = set(finals), list(finals)
     while todo:
@@ -140,10 +154,9 @@ def dense_table(transitions: dict, initial: int, finals: set, vocab_size: int, s
     renumber[torch.tensor(order)] = torch.arange(len(order), dtype=torch.int32)
     table = torch.full((S, vocab_size), -1, dtype=torch.int32)
     for s in order:
-        row = edges[s]
-        if row:
-            tokens = torch.tensor(list(row.keys()), dtype=torch.long)
-            targets = renumber[torch.tensor(list(row.values()), dtype=torch.long)]
+        tokens, targets = edges[s]
+        if len(tokens):
+            targets = renumber[targets]
             keep = tokens < vocab_size
             table[number[s], tokens[keep]] = targets[keep]
     accepting = torch.zeros(S, dtype=torch.bool)
@@ -178,17 +191,29 @@ def distances(class_table: torch.Tensor, accepting: torch.Tensor) -> torch.Tenso
     return dist
 
 
-def build_automaton(constraint, tokenizer, vocab_size: int, eos_ids: list[int], pad_id: int | None
-                    ) -> TokenAutomaton:
-    """Compile `constraint` (a `Regex` or `JsonSchema`) over `tokenizer` for a model of `vocab_size` rows."""
+def build_automaton(constraint, tokenizer, vocab_size: int, eos_ids: list[int], pad_id: int | None,
+                    budget: CompileBudget = DEFAULT_BUDGET) -> TokenAutomaton:
+    """Compile `constraint` (a `Regex`, `JsonSchema` or `ToolCalls`) over `tokenizer` for a model of `vocab_size`
+    rows; the regex and outlines-core's Index are built within `budget` (budget.py)."""
+    import outlines_core.json_schema  # noqa: F401 - imported before the fork, not in the child
+
     description = constraint.describe()
-    regex = constraint.to_regex()
     spelled = token_bytes(tokenizer)[:vocab_size]  # ids beyond the model's vocabulary cannot be produced
+    for text in getattr(constraint, "special_texts", ()):  # special tokens this constraint spells (ToolCalls)
+        token_id = tokenizer.convert_tokens_to_ids(text)
+        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id and 0 <= token_id < len(spelled):
+            spelled[token_id] = text.encode()
     for token_id in list(eos_ids) + ([pad_id] if pad_id is not None else []):
         if 0 <= token_id < len(spelled):
             spelled[token_id] = None  # EOS and pad end an answer; they never spell part of it
+    check_decode(tokenizer, spelled, description)
     sentinel = max(vocab_size, len(spelled))  # outlines' EOS: an id no token has, stripped again
-    transitions, initial, finals = index_transitions(regex, spelled, sentinel, description)
+    transitions, initial, finals = run_within_budget(
+        lambda: index_transitions(constraint.to_regex(), spelled, sentinel, description), budget, description)
+    table_bytes = (len(transitions) + 2) * vocab_size * 4 * 3  # the int32 table, its transpose and unique's sort
+    if table_bytes > budget.memory_bytes:
+        raise ConstraintError(f"{description}: its automaton ({len(transitions)} states x {vocab_size} tokens) needs "
+                              f"about {table_bytes / GIB:.3g} GiB, more than the budget of {budget.describe()}")
     table, accepting = dense_table(transitions, initial, finals, vocab_size, sentinel, eos_ids, pad_id, description)
     class_table, token_class = factorize(table)
     src, cls = (class_table >= 0).nonzero(as_tuple=True)
@@ -199,11 +224,16 @@ def build_automaton(constraint, tokenizer, vocab_size: int, eos_ids: list[int], 
         distance=distances(class_table, accepting), src=src, cls=cls, dst=class_table[src, cls],
         class_token=class_token, description=description,
         pad_id=pad_id if pad_id is not None and 0 <= pad_id < vocab_size else None,
+        constraint=constraint, spelled=tuple(spelled),
+        end_ids=tuple(eos_ids) + ((pad_id,) if pad_id is not None else ()),
     )
 
 
 _FINGERPRINTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _CACHE: "OrderedDict[tuple, TokenAutomaton]" = OrderedDict()
+_REFUSED: "OrderedDict[tuple, ConstraintError]" = OrderedDict()  # (key, budget) -> why, so a retry costs nothing
+_LOCKS: dict = {}  # key -> lock: one compilation per key at a time (the server compiles from many threads)
+_LOCKS_GUARD = threading.Lock()
 CACHE_SIZE = 32
 
 
@@ -222,28 +252,49 @@ def tokenizer_fingerprint(tokenizer) -> int:
     return key
 
 
-def compile_constraint(constraint, tokenizer, vocab_size: int, eos_ids=(), pad_id: int | None = None
-                       ) -> TokenAutomaton:
-    """The `TokenAutomaton` of `constraint` over `tokenizer`, from the cache when it was compiled before.
+def compile_constraint(constraint, tokenizer, vocab_size: int, eos_ids=(), pad_id: int | None = None,
+                       budget: CompileBudget | None = None) -> TokenAutomaton:
+    """The `TokenAutomaton` of `constraint` over `tokenizer`, from the cache when it was compiled (or refused) before.
+    Safe to call from several threads: one key compiles once.
 
     Args:
         constraint: `diffusiongemma.Regex` or `diffusiongemma.JsonSchema`.
         tokenizer: the model's Hugging Face tokenizer.
         vocab_size: V, the model's vocabulary rows (rows beyond the tokenizer are never allowed).
         eos_ids / pad_id: the ids that end an answer (allowed only where the constraint accepts) and pad after it.
+        budget: the time and memory the compilation may take (`CompileBudget`; default `budget.DEFAULT_BUDGET`,
+            60 s and 4 GiB).
 
     Raises:
-        ConstraintError: malformed regex or schema, unsupported keyword, unspellable or unsatisfiable.
+        ConstraintError: malformed regex or schema, unsupported keyword, unspellable or unsatisfiable, a tokenizer
+            whose `decode` is not its tokens' text joined, or over the budget.
     """
     if tokenizer is None:
         raise ConstraintError(f"{constraint.describe()} needs the model's tokenizer: pass `tokenizer=` (in a "
                               f"pipeline: `tokenizer=pipe.tokenizer`)")
+    budget = budget or DEFAULT_BUDGET
     key = (constraint, tokenizer_fingerprint(tokenizer), vocab_size, tuple(eos_ids), pad_id)
-    if key in _CACHE:
-        _CACHE.move_to_end(key)
-        return _CACHE[key]
-    automaton = build_automaton(constraint, tokenizer, vocab_size, list(eos_ids), pad_id)
-    _CACHE[key] = automaton
-    if len(_CACHE) > CACHE_SIZE:
-        _CACHE.popitem(last=False)
+    with _LOCKS_GUARD:
+        lock = _LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+        if (key, budget) in _REFUSED:
+            raise _REFUSED[key, budget]
+        try:
+            automaton = build_automaton(constraint, tokenizer, vocab_size, list(eos_ids), pad_id, budget)
+        except ConstraintError as error:
+            remember(_REFUSED, (key, budget), error)
+            raise
+        remember(_CACHE, key, automaton)
     return automaton
+
+
+def remember(cache: OrderedDict, key, value) -> None:
+    """Put `value` in an LRU `cache` of CACHE_SIZE entries."""
+    cache[key] = value
+    if len(cache) > CACHE_SIZE:
+        stale, _ = cache.popitem(last=False)
+        with _LOCKS_GUARD:
+            _LOCKS.pop(stale[0] if cache is _REFUSED else stale, None)

@@ -3,7 +3,8 @@ across its canvases, and the step's projection onto the constraint.
 
 The engine (`generation/engine.py`) calls `ConstraintGuide.project` every denoising step, after the processors and
 the temperature: the row's argmax canvas, which the stopper reads and the commit keeps, becomes the most probable
-canvas the automaton accepts from the row's state (viterbi.py). With `project_canvas` the logits are also masked to
+canvas the automaton accepts from the row's state (viterbi.py), cut short where that canvas would need a token the
+logits processors banned (`cut_at_bans`). With `project_canvas` the logits are also masked to
 the tokens that path allows at each position (its state before each position), so what the sampler draws, the
 self-conditioning input and the entropies the stopper reads all stay inside the constraint. That is off by default:
 on the Sudoku model it solved fewer puzzles in more steps (benchmarks/sudoku_constraints.py, docs/constraints.md).
@@ -95,6 +96,7 @@ class ConstraintGuide:
             scores[:, :, automaton.pad_id] = torch.where(past, 0.0, logits[:, :, automaton.pad_id])
         path, states, _ = constrained_path(scores, automaton, start, end_ok)
         del scores
+        path = cut_at_bans(logits, path, left, automaton.pad_id)
         if self.project_canvas:
             logits.masked_fill_(~allowed_mask(automaton, states), float("-inf"))
         return logits, path
@@ -104,3 +106,20 @@ class ConstraintGuide:
         automaton = self.automaton.to(answers.device)
         start = torch.full((answers.shape[0],), automaton.initial, dtype=torch.long, device=answers.device)
         return automaton.complete(automaton.walk(start, answers))
+
+
+def cut_at_bans(logits: torch.Tensor, path: torch.Tensor, left: list[int], pad_id: int | None) -> torch.Tensor:
+    """logits [B', L, V], path [B', L] -> the path, padded from the first position within the budget whose token
+    the processors banned (-inf or NaN) on.
+
+    The Viterbi pass scores a banned token as a very low finite number, so it takes one only where the constraint
+    leaves no other way: where the processors ban everything the constraint allows. The constraint must not bring a
+    banned token back: the answer stops there instead, incomplete, and the final check says why
+    (answer_check.py)."""
+    if pad_id is None:
+        return path
+    L = path.shape[1]
+    chosen = logits.gather(2, path[:, :, None])[..., 0]  # [B', L]
+    within = torch.arange(L, device=path.device)[None] < torch.tensor(left, device=path.device)[:, None]
+    banned = (chosen.isneginf() | chosen.isnan()) & within & (path != pad_id)  # [B', L]
+    return path.masked_fill(banned.cumsum(dim=1) > 0, pad_id)

@@ -1,21 +1,23 @@
 """What a user constrains an answer to: `Regex(pattern)` or `JsonSchema(schema)`, each reduced to one regular
 expression over the answer's text (outlines-core turns a JSON schema into one).
 
-A schema keyword the regex cannot enforce (`minimum`, `uniqueItems`, `not`, ...) is refused by name instead of being
+A schema keyword the regex cannot enforce (`uniqueItems`, `not`, ...) is refused by name instead of being
 ignored, so every answer that matches the regex also validates against the schema.
 """
 
 import json
 from dataclasses import dataclass, field
 
+from .bounds import BOUND_KEYWORDS, replace_markers, with_bound_markers
 from .errors import ConstraintError
+from .schema_rules import check_schema, outlines_schema, strip_anchors
 
 # Keywords whose meaning outlines-core's regex enforces (or that only annotate). Anything else is refused.
 ANNOTATIONS = {"title", "description", "$schema", "$id", "$comment", "examples", "default", "deprecated", "readOnly",
                "writeOnly"}
 ENFORCED = {"type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
             "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
-            "pattern", "format"}
+            "pattern", "format", *BOUND_KEYWORDS}  # bounds: bounds.py writes their regex
 FORMATS = {"date-time", "date", "time", "uuid", "email", "uri"}
 
 
@@ -25,7 +27,8 @@ class Regex:
     back-references). The answer is the generated text up to EOS, without the prompt.
 
     Args:
-        pattern: the regular expression; anchored at both ends.
+        pattern: the regular expression; anchored at both ends (a leading `^` and a trailing `$` are accepted and
+            change nothing; anchors anywhere else are refused).
     """
 
     pattern: str
@@ -35,9 +38,14 @@ class Regex:
             raise ConstraintError(f"Regex pattern must be a str, got {type(self.pattern).__name__}")
         if not self.pattern:
             raise ConstraintError("Regex pattern is empty: it would allow only the empty answer")
+        inner = inner_anchor(strip_anchors(self.pattern))
+        if inner is not None:
+            raise ConstraintError(f"Regex pattern {self.pattern!r}: anchor {inner[1]!r} at offset {inner[0]} is not "
+                                  f"supported (the whole answer must match the pattern: `^` and `$` are accepted only "
+                                  f"at its two ends)")
 
     def to_regex(self) -> str:
-        return self.pattern
+        return strip_anchors(self.pattern)
 
     def describe(self) -> str:
         return f"Regex({self.pattern!r})"
@@ -68,15 +76,23 @@ class JsonSchema:
             raise ConstraintError(f"JsonSchema: the schema must be a JSON object (a dict), got "
                                   f"{type(schema).__name__}")
         check_keywords(schema, "schema")
+        with_bound_markers(schema)  # refuses bounds it cannot enforce, naming their place
+        check_schema(schema)
         object.__setattr__(self, "text", json.dumps(schema, sort_keys=False))
 
     def to_regex(self) -> str:
         from outlines_core.json_schema import build_regex_from_schema
 
+        schema, markers = with_bound_markers(self.as_dict())
         try:
-            return build_regex_from_schema(self.text, self.whitespace)
+            regex = build_regex_from_schema(json.dumps(outlines_schema(schema)), self.whitespace)
         except (ValueError, TypeError) as error:
             raise ConstraintError(f"JsonSchema: outlines-core cannot compile this schema: {error}") from None
+        return replace_markers(regex, markers, self.text)
+
+    def as_dict(self) -> dict:
+        """The schema as a dict (a fresh copy)."""
+        return json.loads(self.text)
 
     def describe(self) -> str:
         return f"JsonSchema({self.text[:80]}{'...' if len(self.text) > 80 else ''})"
@@ -116,9 +132,33 @@ def check_keywords(node, where: str) -> None:
             raise ConstraintError(f"JsonSchema: unsupported format {value!r} at {here} (supported: {sorted(FORMATS)})")
 
 
+def inner_anchor(pattern: str) -> tuple[int, str] | None:
+    """(offset, character) of the first `^` or `$` that is an anchor (not escaped, not inside `[...]`), or None."""
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            i += 1
+            i += pattern.startswith("^", i)  # a negated class
+            i += pattern.startswith("]", i)  # a literal `]` first in the class
+            continue
+        elif c in "^$":
+            return i, c
+        i += 1
+    return None
+
+
 def as_constraint(value):
-    """A `Regex` or `JsonSchema` as given, or a clear error for anything else (None passes through)."""
-    if value is None or isinstance(value, (Regex, JsonSchema)):
+    """A `Regex`, `JsonSchema` or `ToolCalls` as given, or a clear error for anything else (None passes through)."""
+    from .tools import ToolCalls
+
+    if value is None or isinstance(value, (Regex, JsonSchema, ToolCalls)):
         return value
-    raise TypeError(f"`constraint` must be diffusiongemma.Regex(...) or diffusiongemma.JsonSchema(...), got "
-                    f"{type(value).__name__}")
+    raise TypeError(f"`constraint` must be diffusiongemma.Regex(...) or diffusiongemma.JsonSchema(...) (or "
+                    f"diffusiongemma.ToolCalls(...)), got {type(value).__name__}")

@@ -84,3 +84,37 @@ def token_bytes(tokenizer) -> list[bytes | None]:
     if not any(s is not None for s in spelled):
         raise ConstraintError("the tokenizer spells no token (all are special): it cannot write a constrained answer")
     return spelled
+
+
+DECODE_SAMPLE = 64  # tokens whose joined text `check_decode` compares with `decode`
+
+
+def check_decode(tokenizer, spelled: list[bytes | None], description: str) -> None:
+    """Refuse a tokenizer whose `decode` is not the concatenation of its tokens' text.
+
+    The automaton accepts token sequences by the text they spell; the user receives `tokenizer.decode(...)`. A
+    tokenizer without a decoder (a `WordLevel` model, say) has transformers join its pieces with spaces, so an
+    answer the automaton accepts as `{"id"` would reach the user as `{ " i d "`. One decode of a few dozen tokens,
+    spread over the vocabulary, tells.
+
+    Raises:
+        ConstraintError: the decoded text differs from the joined pieces, naming both.
+    """
+    usable = []
+    for token_id, data in enumerate(spelled):
+        if data is not None:
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:  # a byte-fallback piece: only whole characters are compared
+                continue
+            usable.append(token_id)
+    sample = usable[:: max(1, len(usable) // DECODE_SAMPLE)][:DECODE_SAMPLE]
+    joined = b"".join(spelled[t] for t in sample).decode("utf-8")
+    decoded = tokenizer.decode(sample, skip_special_tokens=True)  # with its defaults, as users decode
+    if decoded != joined:
+        at = next((i for i, (a, b) in enumerate(zip(decoded, joined)) if a != b), min(len(decoded), len(joined)))
+        raise ConstraintError(
+            f"{description}: this tokenizer's decode() is not the concatenation of its tokens' text (it decodes "
+            f"token ids {sample[:8]}... to {decoded[max(0, at - 10) : at + 20]!r} where the tokens spell "
+            f"{joined[max(0, at - 10) : at + 20]!r}), so a constrained answer would not match as text; give the "
+            f"tokenizer a decoder that joins its pieces (e.g. tokenizers' `decoders.Fuse()`)")

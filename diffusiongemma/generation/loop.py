@@ -16,6 +16,7 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 from transformers.utils import logging
 
+from ..constraints.answer_check import check_answers
 from ..constraints.guide import ConstraintGuide
 from ..modeling.compile import capacity_bucket, compiled_denoise_pass
 from ..modeling.masks import PaddingSlots
@@ -23,6 +24,7 @@ from .batching import generate_in_chunks, generate_mixed
 from .invariant import invariant_batching
 from .finite import NonFiniteLogitsError, raise_for_faults
 from .outputs import DiffusionGemmaGenerationOutput, generation_output, tokens_per_forward
+from .recording import trace_recorder
 from .resolve import GenerationRun, check_ar_sampling_kwargs, generated_length, resolve_batching, resolve_run
 from .engine import Plan, soft_embedder
 from .sampler import init_sampler_state, temperature_schedule
@@ -154,9 +156,7 @@ def generate_lockstep(model, run: GenerationRun, streamer, compile_options: dict
     settings = step_settings(model, run, cache, streamer, compile_options)
     recorder = None
     if run.trace_top_k is not None:  # off by default: no recording work at all
-        from ..accuracy.record import TraceRecorder
-
-        recorder = TraceRecorder(model, run)
+        recorder = trace_recorder(model, run)  # accuracy's recorder (recording.py: generation never imports it)
     if streamer is not None:
         streamer.put(input_ids.cpu())
     sequences = input_ids  # [B, P + c*L]
@@ -304,17 +304,20 @@ def generate(
 
 
 def flag_truncated(out, run: GenerationRun, canvas_length: int):
-    """With a constraint: `out.truncated` [B], True where the answer is not complete; a warning names those rows."""
+    """With a constraint: `out.truncated` [B], True where the answer is not a whole valid one (its text checked as
+    the user decodes it: constraints/answer_check.py), and `out.truncation_reasons` saying why; a warning names
+    those rows."""
     if run.automaton is None:
         return out
     sequences = out if isinstance(out, torch.Tensor) else out.sequences
     guide = ConstraintGuide(run.automaton, canvas_length, run.max_new_tokens)
     start = run.input_ids.shape[1]
-    truncated = ~guide.complete(sequences[:, start : start + run.max_new_tokens])  # [B] within the budget
-    rows = [b for b, t in enumerate(truncated.tolist()) if t]
-    if rows:
-        logger.warning(f"max_new_tokens ran out before the {run.automaton.description} answer was complete in rows "
-                       f"{rows}: their tokens are a valid prefix only (see `truncated`)")
+    answers = sequences[:, start : start + run.max_new_tokens]  # [B, N] within the budget
+    truncated, reasons = check_answers(run.automaton, run.tokenizer, answers, guide.complete(answers))
+    for why in dict.fromkeys(r for r in reasons if r is not None):
+        rows = [b for b, r in enumerate(reasons) if r == why]
+        logger.warning(f"{why}: rows {rows} are not whole answers (see `truncated`, `truncation_reasons`)")
     if not isinstance(out, torch.Tensor):
-        out.truncated = truncated
+        out.truncated = torch.tensor(truncated, device=sequences.device)
+        out.truncation_reasons = reasons
     return out

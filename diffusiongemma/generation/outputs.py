@@ -19,7 +19,10 @@ class DiffusionGemmaGenerationOutput(ModelOutput):
         past_key_values: the cache; holds the prompt and every canvas but the last (spec D.6). Lock-step only.
         trace: with `return_trace=True`, a `diffusiongemma.accuracy.Trace` of every canvas and step.
         truncated: with a `constraint`, [B] bool: True where `max_new_tokens` ran out before the answer was complete
-            (the tokens then are a prefix of a valid answer, never presented as a whole one); None without one.
+            (the tokens then are a prefix of a valid answer, never presented as a whole one), or where the answer's
+            decoded text failed the final check (a bug of ours); None without one.
+        truncation_reasons: with a `constraint`, [B] why each truncated row is not a whole answer (the budget ran
+            out, a logits processor banned what the constraint needed, or the failed check), None where complete.
     """
 
     sequences: torch.LongTensor | None = None
@@ -30,6 +33,7 @@ class DiffusionGemmaGenerationOutput(ModelOutput):
     hidden_states: torch.Tensor | None = None
     trace: object | None = None
     truncated: torch.Tensor | None = None
+    truncation_reasons: list | None = None
 
 
 def tokens_per_forward(new_tokens: torch.Tensor, passes: torch.Tensor, pad_id: int | None) -> torch.Tensor:

@@ -52,7 +52,7 @@ class Row:
     first_canvas: torch.Tensor | None = None  # [L] seeds the first canvas
     first_soft: torch.Tensor | None = None  # [L, H] self-conditioning input of the first step
     images: PromptImages | None = None  # [1, P_r] the prompt's image soft tokens (prefill only)
-    draft: bool = False  # report the argmax canvas after every step (`PassEvents.drafts`)
+    draft: bool = False  # report the argmax canvas and its entropy after every step (`PassEvents.drafts`)
     owner: object = None  # the caller's handle (the server's job)
     phase: str = PREFILL
     tokens: torch.Tensor | None = None  # [T_r]
@@ -74,7 +74,8 @@ class PassEvents:
     """What one pass did, for the caller's policy (streaming, errors)."""
 
     stepped: list = field(default_factory=list)  # rows that ran a denoising step
-    drafts: list = field(default_factory=list)  # (row, argmax [1, L] on the CPU) for rows with `draft`
+    drafts: list = field(default_factory=list)  # (row, argmax [1, L], entropy [1, L] fp32), on the CPU, for rows
+    # with `draft`
     committed: list = field(default_factory=list)  # (row, canvas [L]) canvases that ended this pass
     finished: list = field(default_factory=list)  # rows that are done (already out of the pool)
     faulted: list = field(default_factory=list)  # (row, error): NonFiniteLogitsError, or what its plan's step raised;
@@ -198,9 +199,11 @@ class RowPool:
             has_eos = torch.stack([torch.isin(out.argmax[j], r.eos_ids).any() if r.eos_ids is not None
                                    else out.stop.new_zeros(()) for j, r in enumerate(group)])
             flags.append(torch.stack([out.stop.to(torch.int8), has_eos.to(torch.int8), out.faults]))  # [3, g]
-        drafting = [(r, out.argmax[j]) for group, out in results for j, r in enumerate(group) if r.draft]
+        drafting = [(r, out.argmax[j], out.entropy[j]) for group, out in results for j, r in enumerate(group)
+                    if r.draft]
         host = torch.cat(flags, dim=1).tolist() if flags else [[], [], []]  # [3, d]: the one host read of this pass
-        drafts = torch.stack([a for _, a in drafting]).cpu() if drafting else None  # [d', L]
+        drafts = torch.stack([a for _, a, _ in drafting]).cpu() if drafting else None  # [d', L]
+        entropies = torch.stack([e for _, _, e in drafting]).float().cpu() if drafting else None  # [d', L]
         k = 0
         ending = []
         for group, out in results:
@@ -220,8 +223,8 @@ class RowPool:
                 events.stepped.append(r)
                 if stop or r.steps_remaining == 0:
                     ending.append((r, has_eos))
-        for i, (r, _) in enumerate(drafting):
-            events.drafts.append((r, drafts[i][None]))
+        for i, (r, _, _) in enumerate(drafting):
+            events.drafts.append((r, drafts[i][None], entropies[i][None]))
         self._finish_canvases(ending, events)
 
     def _finish_canvases(self, ending: list, events: PassEvents) -> None:

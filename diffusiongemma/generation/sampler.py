@@ -55,7 +55,7 @@ from .reference_sampler import ReferenceSampler
 from ..sampler_configs import EntropyBoundSamplerConfig, register_sampler_config
 
 __all__ = [
-    "FastSampler", "GumbelSampler", "NOISE_CHUNK", "OnePass", "ReferenceSampler", "Sampler", "SamplerContext",
+    "BaseSampler", "FastSampler", "GumbelSampler", "NOISE_CHUNK", "OnePass", "ReferenceSampler", "Sampler", "SamplerContext",
     "SoftEmbed", "StepOutput", "apply_temperature_", "block_maxima", "blocked_multinomial", "blocked_rows",
     "entropy_bound_accept", "exact_multinomial", "fast_multinomial", "fast_multinomial_is_exact", "first_argmax",
     "init_sampler_state", "inverse_cdf_sample", "multinomial_is_blockwise", "one_pass", "register_sampler", "renoise", "row_block",
@@ -105,8 +105,36 @@ class Sampler(Protocol):
         A sampler that carries per-row state from step to step (which positions are committed, say) defines
         `init_state(batch, length, device) -> Tensor` (batch first); its `step` then also gets `state=` (the
         previous step's `StepOutput.state`, or `init_state`'s at the start of a canvas) and returns the next one.
-        Without `init_state` a sampler is stateless and `step` gets no `state`.
+        Without `init_state`, or with one that gives None (`BaseSampler`'s), a sampler is stateless and `step` gets
+        no `state`.
         """
+
+
+class BaseSampler:
+    """A base for plug-in samplers (`register_sampler`): keeps `config` and `context`, starts a canvas from uniform
+    noise and keeps no state between steps (`init_state` gives None, so `step` gets no `state=`). A subclass sets
+    `per_row` and defines `step`; one that carries per-row state overrides `init_state` (see `Sampler`)."""
+
+    per_row: bool  # set by the subclass: True draws only from the per-row `generators`, False from the global RNG
+
+    def __init__(self, config, context: SamplerContext):
+        self.config, self.context = config, context
+
+    def init_canvas(self, batch: int, length: int, device: torch.device,
+                    generators: Sequence[torch.Generator] | None) -> torch.Tensor:
+        """[B', L] tokens uniform over the vocabulary: row b from generators[b], or from the global RNG (None)."""
+        V = self.context.vocab_size
+        if generators is None:
+            return torch.randint(0, V, (batch, length), device=device)
+        return torch.stack([torch.randint(0, V, (length,), generator=g, device=device) for g in generators])
+
+    def init_state(self, batch: int, length: int, device: torch.device) -> torch.Tensor | None:
+        return None
+
+    def step(self, logits: torch.Tensor, canvas: torch.Tensor, temperature: torch.Tensor, step: Sequence[int],
+             generators: Sequence[torch.Generator] | None, soft_embed: SoftEmbed | None = None) -> StepOutput:
+        raise NotImplementedError(f"{type(self).__name__} must define step (see diffusiongemma.generation.sampler"
+                                  f".Sampler)")
 
 
 def init_sampler_state(sampler, batch: int, length: int, device: torch.device) -> torch.Tensor | None:

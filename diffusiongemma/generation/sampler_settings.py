@@ -62,21 +62,25 @@ def _float_fields(config_class: type) -> set[str]:
     return {name for name, hint in hints.items() if hint is float or float in typing.get_args(hint)}
 
 
-def sampler_config_from(config_class: type, settings: dict, base=None):
+def sampler_config_from(config_class: type, settings: dict, base=None, kind: str = "sampler"):
     """`config_class(**fields)` from `settings` (name -> plain value) over `base`'s fields (when `base` is an
     instance of the class) or the defaults. Each setting is checked on its own first, so an error names it.
+    kind: what the config configures, in messages ("sampler", or "stopper" for a stopper config).
 
     Raises:
         SamplerSettingError: a setting the class does not have, or a value its config refuses.
     """
     name = sampler_name(config_class)
+    if not dataclasses.is_dataclass(config_class):
+        raise SamplerSettingError(next(iter(settings), kind), f"the {name} {kind}'s config is not a dataclass, so its "
+                                                              "settings cannot be given by name")
     known = setting_names(config_class)
     floats = _float_fields(config_class)
     start = dataclasses.asdict(base) if isinstance(base, config_class) else dict(DEFAULTS.get(config_class, {}))
     values = {}
     for key, value in settings.items():
         if key not in known:
-            raise SamplerSettingError(key, f"`{key}` is not a setting of the {name} sampler (its settings: "
+            raise SamplerSettingError(key, f"`{key}` is not a setting of the {name} {kind} (its settings: "
                                            f"{', '.join(known) or 'none'})")
         if key in floats and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
@@ -90,4 +94,4 @@ def sampler_config_from(config_class: type, settings: dict, base=None):
     try:
         return config_class(**{**start, **values})
     except (TypeError, ValueError) as error:  # settings fine alone but not together, or a required one missing
-        raise SamplerSettingError(next(iter(settings), "sampler"), f"the {name} sampler: {error}") from None
+        raise SamplerSettingError(next(iter(settings), kind), f"the {name} {kind}: {error}") from None

@@ -1,12 +1,19 @@
 """When to stop denoising a canvas (spec D.5) and when to stop generating (spec D.4.6).
 
+A stopper is a plug-in like a sampler: registered once under its config class (`register_stopper`) and picked by the
+generation config's `stopper_config`; without one, the built-in stable-and-confident stopper runs, set by the
+config's `stability_threshold` and `confidence_threshold`.
+
 Legend: B batch, L canvas length.
 """
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from transformers import StoppingCriteriaList
+
+from ..stopper_configs import register_stopper_config
 
 
 class Stopper(Protocol):
@@ -22,6 +29,29 @@ class Stopper(Protocol):
         """argmax_canvas [B, L], entropy [B, L] of the tempered logits, state -> ([B] bool: stop now, next state)."""
 
 
+class BaseStopper:
+    """A base for plug-in stoppers: keeps its config and no history (`init_state` gives None). A subclass defines
+    `__call__`; one that needs history per row overrides `init_state` too."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def init_state(self, batch: int, length: int, device: torch.device) -> torch.Tensor | None:
+        return None
+
+    def __call__(self, argmax_canvas: torch.Tensor, entropy: torch.Tensor, state: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        raise NotImplementedError(f"{type(self).__name__} must define __call__(argmax_canvas, entropy, state)")
+
+
+@dataclass(frozen=True)
+class StableAndConfidentStopperConfig:
+    """The built-in stopper's settings, taken from the generation config's own fields (never set directly)."""
+
+    stability_threshold: int
+    confidence_threshold: float
+
+
 class StableAndConfidentStopper:
     """Stop a row when its argmax canvas equals each of the previous S argmax canvases and its mean entropy is
     below the confidence threshold. With S >= 1 a canvas needs at least S + 1 steps (pitfall H.10).
@@ -34,9 +64,9 @@ class StableAndConfidentStopper:
     run of equal canvases ending there; None when S = 0.
     """
 
-    def __init__(self, stability_threshold: int, confidence_threshold: float):
-        self.stability_threshold = stability_threshold
-        self.confidence_threshold = confidence_threshold
+    def __init__(self, config: StableAndConfidentStopperConfig):
+        self.stability_threshold = config.stability_threshold
+        self.confidence_threshold = config.confidence_threshold
 
     def init_state(self, batch: int, length: int, device: torch.device) -> torch.Tensor | None:
         if self.stability_threshold == 0:
@@ -60,9 +90,43 @@ class StableAndConfidentStopper:
         return stable & confident, state
 
 
+_STOPPERS: dict[type, type] = {StableAndConfidentStopperConfig: StableAndConfidentStopper}  # config class -> stopper
+
+
+def register_stopper(config_class: type, stopper_class: type) -> None:
+    """Make `stopper_class` the stopper for `stopper_config` instances of `config_class` (the generation config's
+    `stopper_config`, or `generate(..., stopper_config=...)`). It is built as `stopper_class(stopper_config)` and
+    follows the `Stopper` protocol (`BaseStopper` gives a stateless start). The config class also becomes loadable
+    from `generation_config.json` (its `_cls_name`)."""
+    if not isinstance(stopper_class, type) or not callable(getattr(stopper_class, "init_state", None)):
+        raise TypeError(f"a stopper class needs `init_state(batch, length, device)` and `__call__(argmax_canvas, "
+                        f"entropy, state)` (subclass diffusiongemma.BaseStopper), got {stopper_class!r}")
+    register_stopper_config(config_class)
+    _STOPPERS[config_class] = stopper_class
+
+
+def stopper_config_of(config):
+    """The generation config's stopper config: its plug-in `stopper_config`, or the built-in's from its fields."""
+    own = getattr(config, "stopper_config", None)
+    if own is not None:
+        return own
+    return StableAndConfidentStopperConfig(config.stability_threshold, config.confidence_threshold)
+
+
+def stopper_class_for(stopper_config) -> type:
+    """The registered stopper class for this stopper config."""
+    stopper_class = _STOPPERS.get(type(stopper_config))
+    if stopper_class is None:
+        known = sorted(c.__name__ for c in _STOPPERS if c is not StableAndConfidentStopperConfig)
+        raise ValueError(f"`stopper_config` is a {type(stopper_config).__name__}, which has no registered stopper "
+                         f"(registered: {known}; see diffusiongemma.register_stopper)")
+    return stopper_class
+
+
 def stopper_for(config) -> Stopper:
-    """The stopper of a generation config, built in this one place."""
-    return StableAndConfidentStopper(config.stability_threshold, config.confidence_threshold)
+    """The stopper of a generation config, built in this one place (from the registry)."""
+    stopper_config = stopper_config_of(config)
+    return stopper_class_for(stopper_config)(stopper_config)
 
 
 def eos_in_new_tokens(sequences: torch.Tensor, new_tokens: int, eos_ids: torch.Tensor | None) -> torch.Tensor:

@@ -27,10 +27,12 @@ from torch import nn
 
 from diffusiongemma.modeling.validation import check_experts_implementation
 from diffusiongemma.modeling.weights import checkpoint_names, checkpoint_shards, key_mapping_for, renamed_key
+from diffusiongemma.io.config_files import read_quantization_config
 from diffusiongemma.quantization.experts import empty_expert_lists
 from diffusiongemma.quantization.fp8 import FP8_DTYPE, FP8Linear, check_fp8_supported
 from diffusiongemma.quantization.nvfp4 import GROUP_SIZE, NVFP4Linear
 from diffusiongemma.loading.offload import SPLIT_MAPS, pinned_device_map
+from diffusiongemma.loading.twins import encoder_twins, merged_twin
 from diffusiongemma.quantization.schemes import (
     FP8_DYNAMIC,
     NVFP4,
@@ -42,15 +44,6 @@ from diffusiongemma.quantization.schemes import (
 
 PER_EXPERT_KEY = re.compile(r"layers\.(\d+)\.experts\.\d+\.")
 _PACKED_DTYPES = (FP8_DTYPE, torch.uint8)  # stored bytes: never cast
-
-
-def read_quantization_config(path: str) -> dict | None:
-    """The `quantization_config` object of `path`'s config.json, or None (not a local folder, or not quantized)."""
-    config_file = os.path.join(str(path), "config.json")
-    if not os.path.isfile(config_file):
-        return None
-    with open(config_file) as f:
-        return json.load(f).get("quantization_config")
 
 
 def is_compressed_tensors_checkpoint(path: str) -> bool:
@@ -322,6 +315,7 @@ def load_compressed_tensors_checkpoint(
         raise QuantizedCheckpointError(f"{path} has no model.safetensors or model.safetensors.index.json")
     mapping = key_mapping_for(set(shards))  # None, or the encoder-layout renaming
     renamed = {renamed_key(k, mapping): k for k in shards}  # our key -> checkpoint key
+    twins = encoder_twins(shards, mapping)  # written from the built-in class: quantized text tensors twice
 
     with init_empty_weights(include_buffers=False):
         model = cls._from_config(config, dtype=dtype)
@@ -337,7 +331,8 @@ def load_compressed_tensors_checkpoint(
         for device in sorted({"cpu" if d == "disk" else d for d in devices.values()}):
             check_fp8_supported(device, "fp8_kernel")  # a clear error now rather than at the first forward
     problems, missing = [], sorted(k for k in expected if k not in renamed and k not in tied)
-    unexpected = sorted(renamed[k] for k in renamed if k not in expected)
+    twins = {k: t for k, t in twins.items() if k in expected}
+    unexpected = sorted(renamed[k] for k in renamed if k not in expected and renamed[k] not in twins.values())
     by_shard = defaultdict(list)
     for key, ckpt_key in renamed.items():
         if key in expected:
@@ -345,7 +340,12 @@ def load_compressed_tensors_checkpoint(
     for shard, entries in by_shard.items():
         with safe_open(shard, framework="pt", device="cpu") as f:
             for key, ckpt_key in entries:
-                value = _coerce(key, f.get_tensor(ckpt_key), expected[key], ckpt_key)
+                value = f.get_tensor(ckpt_key)
+                if key in twins:
+                    with safe_open(shards[twins[key]], framework="pt", device="cpu") as g:
+                        value = merged_twin(key, value, g.get_tensor(twins[key]), twins[key])
+                if isinstance(value, torch.Tensor):
+                    value = _coerce(key, value, expected[key], ckpt_key)
                 if isinstance(value, str):
                     problems.append(value)
                     continue

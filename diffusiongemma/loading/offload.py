@@ -119,7 +119,7 @@ def _runs_on_cpu(device_map) -> bool:
 
 def _uses_bitsandbytes(path, kwargs: dict) -> bool:
     """A BitsAndBytesConfig argument, or a config (given, or path's config.json) saved with one."""
-    from diffusiongemma.loading.compressed import read_quantization_config
+    from diffusiongemma.io.config_files import read_quantization_config
 
     config = kwargs.get("config")
     for quantization in (kwargs.get("quantization_config"), getattr(config, "quantization_config", None),

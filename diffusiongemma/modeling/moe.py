@@ -64,7 +64,13 @@ def _grouped_mm_fn():
     return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
-@torch.library.custom_op("diffusiongemma::grouped_mm", mutates_args=())
+# CUDA's grouped_mm kernel takes bf16 only: other dtypes fall back to a loop that reads `offs` on the host, which a
+# CUDA graph cannot capture (found on the first H200 run: "Cannot copy between CPU and CUDA tensors during CUDA graph
+# capture"). The tag makes inductor keep this op outside captured graphs (partition or skip) instead of failing.
+_CUDAGRAPH_UNSAFE = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
+
+
+@torch.library.custom_op("diffusiongemma::grouped_mm", mutates_args=(), tags=_CUDAGRAPH_UNSAFE)
 def opaque_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """`grouped_mm(a, b, offs=offs)` as one opaque op: a [R, K] x b [E, K, N] -> [R, N], or (the weight gradient)
     a [K, R] x b [R, N] -> [E, K, N].

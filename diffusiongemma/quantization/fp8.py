@@ -335,6 +335,9 @@ class FP8Linear(nn.Module):
         """`[..., I]` -> `[..., O]` in `x`'s dtype."""
         if self.kernel == "scaled_mm":
             check_fp8_supported(x.device)
+            if x.dtype != torch.bfloat16:  # newer torch accepts some other output dtypes; keep one contract
+                raise ValueError(f"FP8Linear(kernel='scaled_mm') needs bf16 activations, got {x.dtype}; cast the model "
+                                 "to torch.bfloat16, or use kernel='auto' (dequantizes other dtypes) or 'dequant'")
             return fp8_linear_scaled_mm(x, self.weight, self.weight_scale, self.bias)
         if self.kernel == "dequant":
             return fp8_linear_dequant(x, self.weight, self.weight_scale, self.bias)

@@ -27,11 +27,10 @@ from compressed_tensors.quantization import QuantizationConfig, preset_name_to_s
 from safetensors.torch import save_file
 from torch import nn
 
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from diffusiongemma.io.atomic import atomic_folder, holds_checkpoint
-from diffusiongemma.loading.compressed import read_quantization_config
-from diffusiongemma.model import DiffusionGemmaForBlockDiffusion  # the command loads a dense checkpoint
+from diffusiongemma.io.config_files import read_quantization_config
 from diffusiongemma.io.tokenizer_files import folder_has_tokenizer
 from diffusiongemma.modeling.weights import ENCODER_TEXT_PREFIX
 from diffusiongemma.quantization.experts import ExpertList, unfuse_model_experts
@@ -224,6 +223,21 @@ def check_not_quantized(src: str) -> None:
                      "made from instead")
 
 
+def dense_model(src: str) -> nn.Module:
+    """The dense checkpoint `src` as the public class, through `AutoModelForCausalLM` (importing `diffusiongemma`
+    registers the class there): quantization sits below the public class, which loads quantized checkpoints with it,
+    so it never imports the class itself (tests/test_layering.py).
+
+    Raises:
+        ValueError: `src` holds another model type, which the Auto class maps to another class.
+    """
+    model = AutoModelForCausalLM.from_pretrained(src)
+    if type(model).__module__.split(".")[0] != "diffusiongemma":
+        raise ValueError(f"{src} is not a DiffusionGemma checkpoint (model_type {model.config.model_type!r} loads as "
+                         f"{type(model).__name__}); `diffusiongemma quantize` quantizes DiffusionGemma checkpoints")
+    return model.eval()
+
+
 def quantize_checkpoint(src: str, dst: str, scheme: str, prompts: list[str] | None = None,
                         max_shard_bytes: int = 5 * 2**30, overwrite: bool = False) -> dict:
     """`diffusiongemma quantize`: read the dense checkpoint folder `src`, write a compressed one to `dst`.
@@ -251,7 +265,7 @@ def quantize_checkpoint(src: str, dst: str, scheme: str, prompts: list[str] | No
     if not overwrite and holds_checkpoint(Path(dst)):  # refuse before the (long) quantization, not after
         raise FileExistsError(f"{dst} already holds a checkpoint: pass overwrite=True (--overwrite) to replace it")
     check_not_quantized(src)
-    model = DiffusionGemmaForBlockDiffusion.from_pretrained(src).eval()
+    model = dense_model(src)
     calibration, source = None, None
     if scheme == NVFP4:
         tokenizer, source = None, "random ids"

@@ -8,6 +8,10 @@ Compressor one-shot run writes, and the regex lists of `model_free_ptq`.
 Module names may be written for either text stack: checkpoints store the one text stack under `model.decoder.*`
 (or `model.encoder.language_model.*`), and both names of a module are tried (`modeling.weights.checkpoint_names`,
 the one table of checkpoint prefixes).
+
+The modules matched are the Linears that hold their own `weight`, named as in transformers' built-in class: the vision
+tower's `AdaptableClippableLinear` wrappers (Linears to `isinstance`, for PEFT) are skipped, and their `.linear`
+child is matched, as LLM Compressor matches it on the built-in model (spec F.4: `...self_attn.q_proj.linear`).
 """
 
 from dataclasses import dataclass
@@ -138,12 +142,26 @@ def scheme_kind(scheme: QuantizationScheme, fmt: str | None, where: str = "quant
     return kind
 
 
+def weight_linears(model: nn.Module):
+    """(name, module) for every Linear of `model` that holds its own `weight` parameter.
+
+    These are the modules compressed-tensors quantizes when it runs on transformers' built-in class. A Linear that
+    only reads its weight through a child (the vision tower's `AdaptableClippableLinear`: `weight` is
+    `self.linear.weight`) is left out; its child is the one a checkpoint names and compresses.
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and "weight" in module._parameters:
+            yield name, module
+
+
 def quantization_plan(model: nn.Module, config: QuantizationConfig) -> dict[str, ModuleScheme]:
     """Which Linear modules of `model` the config quantizes, and how.
 
     A module is quantized when any of its names matches a group's `targets` and none matches `ignore` (compressed-
     tensors' `is_match`). Only Linear modules are considered: compressed-tensors compresses nothing else, so a
-    name-only match on an embedding or a norm is never a quantized weight (spec F.4). Groups are tried in order.
+    name-only match on an embedding or a norm is never a quantized weight (spec F.4), and only Linears that hold their
+    own weight (`weight_linears`): a vision wrapper's `.linear` child is decided by its own name. Groups are tried in
+    order.
 
     Args:
         model: our model, with per-expert `ExpertList`s where the checkpoint stores experts per expert.
@@ -154,9 +172,7 @@ def quantization_plan(model: nn.Module, config: QuantizationConfig) -> dict[str,
     """
     plan = {}
     ignore = config.ignore or []
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear):
-            continue
+    for name, module in weight_linears(model):
         names = checkpoint_names(name)  # ours, and the encoder-side name of a shared text-stack module
         if any(is_match(n, module, ignore) for n in names):
             continue

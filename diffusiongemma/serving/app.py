@@ -3,7 +3,8 @@
 `transformers serve` builds its app in `Serve.__init__`, with its own classes fixed inside; the app itself comes from
 the public factory `transformers.cli.serving.server.build_server`, which takes the manager and handlers as arguments.
 We call that factory with ours. Routes block diffusion does not serve (`/v1/responses`, `/v1/systemone`,
-`/v1/audio/transcriptions`) answer 501.
+`/v1/audio/transcriptions`) answer 501. Two pages of ours join them: `GET /` and the live `GET /playground`
+(playground.py).
 """
 
 import asyncio
@@ -57,6 +58,7 @@ def build_app(options: ServeOptions) -> ServedApp:
     from transformers.cli.serving.server import build_server
 
     from .handlers import DiffusionChatHandler, DiffusionCompletionHandler, NotServed, add_error_handlers
+    from .playground import add_pages
 
     manager = DiffusionModelManager(device=options.device, dtype=options.dtype, quantization=options.quantization,
                                     force_model=options.model, tokenizer=options.tokenizer,
@@ -69,6 +71,7 @@ def build_app(options: ServeOptions) -> ServedApp:
                        transcription_handler=NotServed("/v1/audio/transcriptions"),
                        systemone_handler=NotServed("/v1/systemone"), generation_state=state)
     add_error_handlers(app)
+    add_pages(app, options.model)
     return ServedApp(app, state, manager)
 
 

@@ -53,12 +53,22 @@ class DraftView:
 def stream_reply(client, model: str, messages: list, view: DraftView, max_tokens: int = 256, seed: int | None = None,
                  steps: int | None = None) -> str:
     """Stream one chat reply into `view`; returns the committed text."""
+    return stream_turn(client, model, messages, view, max_tokens, seed, steps)[0]
+
+
+def stream_turn(client, model: str, messages: list, view: DraftView, max_tokens: int = 256, seed: int | None = None,
+                steps: int | None = None, tools: list | None = None, tool_choice=None) -> tuple[str, list[dict]]:
+    """Stream one chat reply into `view`; returns (the committed text, its tool calls as OpenAI message entries,
+    assembled from the streamed deltas by index)."""
     extra = {"stream_drafts": view.drafts}
     if steps is not None:
         extra["max_denoising_steps"] = steps
+    kwargs = {"tools": tools} if tools else {}
+    if tools and tool_choice is not None:
+        kwargs["tool_choice"] = tool_choice
     stream = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, seed=seed,
-                                            stream=True, extra_body=extra)
-    reply = []
+                                            stream=True, extra_body=extra, **kwargs)
+    reply, calls = [], {}
     for chunk in stream:
         draft = (chunk.model_extra or {}).get("draft")
         if draft:
@@ -67,5 +77,12 @@ def stream_reply(client, model: str, messages: list, view: DraftView, max_tokens
             if choice.delta.content:
                 reply.append(choice.delta.content)
                 view.commit(choice.delta.content)
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": delta.id, "type": "function",
+                                                      "function": {"name": "", "arguments": ""}})
+                call["function"]["name"] += delta.function.name or ""
+                call["function"]["arguments"] += delta.function.arguments or ""
+    for call in calls.values():
+        view.commit(f"\n[tool call] {call['function']['name']} {call['function']['arguments']}")
     view.finish()
-    return "".join(reply)
+    return "".join(reply), [calls[i] for i in sorted(calls)]

@@ -56,6 +56,10 @@ def add_serve_commands(subparsers) -> None:
     c.add_argument("--steps", type=steps_arg, default=None, help="max_denoising_steps (default: the server's)")
     c.add_argument("--no-drafts", action="store_true", help="show committed text only")
     c.add_argument("--no-color", action="store_true", help="no ANSI codes even on a terminal (also: NO_COLOR=1)")
+    c.add_argument("--tools", default=None, metavar="FILE",
+                   help="JSON file with a list of OpenAI tools the model may call; each call is shown and the next "
+                   "typed line is sent back as its result (role \"tool\")")
+    c.add_argument("--tool-choice", default=None, help="auto (default with --tools), required, none, or a tool name")
     c.set_defaults(func=run_chat)
 
 
@@ -166,8 +170,13 @@ def run_chat(args) -> int:
     except ImportError:
         print(f"error: {SERVE_EXTRA}", file=sys.stderr)
         return 2
-    from .chat import DraftView, stream_reply
+    from .chat import DraftView, stream_turn
 
+    try:
+        tools, tool_choice = chat_tools(args.tools, args.tool_choice)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     url = args.url.rstrip("/")
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
     try:
@@ -175,14 +184,24 @@ def run_chat(args) -> int:
         ansi = not args.no_color and not os.environ.get("NO_COLOR") and sys.stdout.isatty()
         messages = []
         lines = [args.prompt] if args.prompt is not None else _typed_lines(sys.stdin)
+        waiting = []  # tool calls whose results the next typed lines are
         for line in lines:
             if not line.strip():
                 continue
-            messages.append({"role": "user", "content": line.strip()})
+            if waiting:
+                messages.append({"role": "tool", "tool_call_id": waiting.pop(0)["id"], "content": line.strip()})
+                if waiting:
+                    print(f"[result of {waiting[0]['function']['name']}]", file=sys.stderr)
+                    continue
+            else:
+                messages.append({"role": "user", "content": line.strip()})
             view = DraftView(sys.stdout, sys.stderr, ansi=ansi, drafts=not args.no_drafts)
-            reply = stream_reply(client, model, messages, view, max_tokens=args.max_tokens, seed=args.seed,
-                                 steps=args.steps)
-            messages.append({"role": "assistant", "content": reply})
+            reply, calls = stream_turn(client, model, messages, view, max_tokens=args.max_tokens, seed=args.seed,
+                                       steps=args.steps, tools=tools, tool_choice=tool_choice)
+            messages.append({"role": "assistant", "content": reply or None, **({"tool_calls": calls} if calls else {})})
+            waiting = list(calls)
+            if waiting and args.prompt is None:
+                print(f"[result of {waiting[0]['function']['name']}]", file=sys.stderr)
     except openai.APIConnectionError as error:
         print(f"error: cannot reach the server at {url} ({error.__cause__ or error}); is `diffusiongemma serve` "
               "running there?", file=sys.stderr)
@@ -197,6 +216,33 @@ def run_chat(args) -> int:
         print("", file=sys.stderr)
         return 130
     return 0
+
+
+def chat_tools(path: str | None, choice: str | None) -> tuple[list | None, object]:
+    """(the tools of --tools FILE, checked; the tool_choice of --tool-choice) or a ValueError naming the flag."""
+    if path is None:
+        if choice is not None:
+            raise ValueError("--tool-choice needs --tools FILE")
+        return None, None
+    from ..constraints import ConstraintError
+    from ..constraints.tools import check_tools
+
+    try:
+        with open(path) as f:
+            tools = json.load(f)
+    except OSError as error:
+        raise ValueError(f"--tools {path}: cannot read it ({error.strerror})") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--tools {path}: not valid JSON ({error})") from None
+    try:
+        names = [f["name"] for f in check_tools(tools)]
+    except ConstraintError as error:
+        raise ValueError(f"--tools {path}: {error}") from None
+    if choice is None or choice in ("auto", "required", "none"):
+        return tools, choice
+    if choice not in names:
+        raise ValueError(f"--tool-choice {choice!r} names no tool of {path} (tools: {names}; or auto, required, none)")
+    return tools, {"type": "function", "function": {"name": choice}}
 
 
 def server_message(error) -> str:

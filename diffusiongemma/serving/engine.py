@@ -21,6 +21,7 @@ from .constraint_fields import compiled_constraint
 from .scheduler import Job, ServingScheduler
 from .settings import RequestSettings, check_length
 from .streamer import DraftText, RowStreamer
+from .tools import end_texts
 
 
 class DiffusionModelManager(ModelManager):
@@ -99,7 +100,14 @@ class DiffusionGenerateManager(BaseGenerateManager):
         tokenizer = getattr(processor, "tokenizer", processor)
         settings.automaton = compiled_constraint(settings, tokenizer, self.scheduler.V)  # else 400
         settings.tokenizer = tokenizer
+        if settings.tools is not None:  # calls are read from the text with its special tokens (serving/tools.py)
+            settings.tools.drop = end_texts(tokenizer, settings)
+            response_parser = settings.tools
         streamer = RowStreamer(tokenizer, loop, queue, settings, response_parser=response_parser)
+        if settings.logprobs is not None:  # one decoder pass per committed canvas (serving/logprobs.py)
+            from .logprobs import CanvasScorer
+
+            streamer.scorer = CanvasScorer(model, settings.logprobs)
         self.scheduler.submit(Job(prompt, settings, streamer))  # QueueFull: 429 (handlers.add_error_handlers)
         return queue, streamer
 
@@ -114,7 +122,7 @@ class DiffusionGenerateManager(BaseGenerateManager):
             while (item := await queue.get()) is not None:
                 if isinstance(item, _StreamError):
                     raise RuntimeError(item.msg)
-                if not isinstance(item, DraftText):
+                if isinstance(item, str) and not isinstance(item, DraftText):  # content (tool calls: tools.py)
                     pieces.append(item)
         except asyncio.CancelledError:  # the client went away: free the row
             streamer.cancel()

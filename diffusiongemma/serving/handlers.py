@@ -5,11 +5,15 @@
 - `_validate_request`: also refuses fields this server cannot honour and malformed `messages`/`prompt`/`stream`
   (`request_checks.py`: 400 naming the field);
 - `_build_generation_config`: builds and validates our `RequestSettings` (400 naming the bad field);
-- `_build_chunk_sse`: a `DraftText` queue item becomes a chunk with an empty delta and the extra `draft` field;
+- `_build_chunk_sse`: a `DraftText` queue item becomes a chunk with an empty delta and the extra `draft` field
+  (drafts.py);
 - `_non_streaming`: the JSON response waits in a response object that also watches for the client leaving, so a
-  non-streaming request is cancelled like a streaming one (transformers serve cancels streams only).
+  non-streaming request is cancelled like a streaming one (transformers serve cancels streams only); with
+  `logprobs` asked, the response gets its `choices[0].logprobs` (serving/logprobs.py);
+- `_build_chunk_sse`: a `LogprobText` item carries its tokens' `logprobs` into the chunk.
 
-Everything else (templates, tool parsing, SSE framing, usage, finish reasons) is transformers serve's own code.
+Everything else (templates, SSE framing, usage, finish reasons) is transformers serve's own code; OpenAI `tools` are
+read, constrained and parsed in tools.py.
 `add_error_handlers` answers a bad field (400) and a full queue (429) in the OpenAI error format.
 """
 
@@ -18,7 +22,7 @@ import json
 from typing_extensions import TypedDict  # the base classes are typing_extensions TypedDicts
 
 from fastapi import HTTPException
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from transformers.cli.serving.chat_completion import (
     UNUSED_CHAT_COMPLETION_FIELDS,
     ChatCompletionHandler,
@@ -26,11 +30,13 @@ from transformers.cli.serving.chat_completion import (
 )
 from transformers.cli.serving.completion import CompletionHandler, TransformersTextCompletionCreateParams
 
+from .logprobs import LogprobText, chat_logprobs, completion_logprobs, requested_top
 from .request_checks import check_chat_body, check_completion_body
 from .constraint_fields import request_constraint
 from .scheduler import QueueFull
 from .settings import BadRequestField, request_settings
-from .streamer import DraftText
+from .drafts import DraftText, with_draft
+from .tools import ToolsHandlerMixin, with_tool_calls
 
 
 class DiffusionSettingFields(TypedDict, total=False):
@@ -44,9 +50,13 @@ class DiffusionSettingFields(TypedDict, total=False):
     confidence_threshold: float
     sampling: str
     stream_drafts: bool
+    draft_confidence: bool  # each position's token and confidence in the drafts (drafts.py)
+    diffusion_frame: bool  # the drafts also as Unsloth Studio's `diffusion_frame` events
     # `sampler` and the built-in samplers' settings (sampler_request.py; tests check this list is complete)
     sampler: str
     sampler_preset: str  # a named preset (generation/sampler_presets.py)
+    sampler_settings: dict  # any sampler's settings in one object, plug-ins included
+    stopper_settings: dict  # a plug-in stopper's settings (stopper_request.py)
     threshold: float
     editing_threshold: float
     greedy: bool
@@ -68,15 +78,10 @@ class DiffusionTextFields(TransformersTextCompletionCreateParams, DiffusionSetti
     response_format: dict
 
 
-def draft_field(draft: DraftText) -> dict:
-    """The documented `draft` field of a chunk (docs/serving.md)."""
-    return {"text": str(draft), "canvas": draft.canvas, "step": draft.step, "provisional": True}
-
-
-def with_draft(sse: str, draft: DraftText) -> str:
-    """Add the `draft` field to one SSE `data: {...}` event."""
+def with_logprobs(sse: str, logprobs: dict) -> str:
+    """Set `choices[0].logprobs` of one SSE `data: {...}` event."""
     payload = json.loads(sse.removeprefix("data: "))
-    payload["draft"] = draft_field(draft)
+    payload["choices"][0]["logprobs"] = logprobs
     return f"data: {json.dumps(payload)}\n\n"
 
 
@@ -110,6 +115,7 @@ class DiffusionHandlerMixin:
     """The parts both handlers override (see the module docstring)."""
 
     check_body = None  # the body's shape check of the endpoint (`request_checks.py`)
+    chat = True  # which OpenAI shape `logprobs` take
 
     def _validate_request(self, body: dict) -> None:
         super()._validate_request(body)  # unknown fields: 422
@@ -125,23 +131,45 @@ class DiffusionHandlerMixin:
     def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
         settings = request_settings(body, model_generation_config)  # BadRequestField: 400 (`openai_errors`)
         settings.constraint, settings.constraint_field = request_constraint(body)  # compiled at submission
+        settings.logprobs = requested_top(body, self.chat)
         return settings
 
-    async def _non_streaming(self, *args, **kwargs):
+    async def _non_streaming(self, request_id, model, processor, model_id, inputs, gen_config, *args, **kwargs):
         compute = super()._non_streaming
-        return DisconnectAwareResponse(lambda: compute(*args, **kwargs))
+
+        async def make():
+            response = await compute(request_id, model, processor, model_id, inputs, gen_config, *args, **kwargs)
+            if gen_config.logprobs is None:
+                return response
+            payload = json.loads(response.body)
+            tokenizer = getattr(processor, "tokenizer", processor)
+            shape = chat_logprobs if self.chat else completion_logprobs
+            payload["choices"][0]["logprobs"] = shape(tokenizer, gen_config.logprob_entries)
+            return JSONResponse(payload, media_type="application/json")
+
+        return DisconnectAwareResponse(make)
 
 
-class DiffusionChatHandler(DiffusionHandlerMixin, ChatCompletionHandler):
-    """`/v1/chat/completions` for block diffusion."""
+class DiffusionChatHandler(DiffusionHandlerMixin, ToolsHandlerMixin, ChatCompletionHandler):
+    """`/v1/chat/completions` for block diffusion (with OpenAI `tools`: serving/tools.py)."""
 
     _valid_params_class = DiffusionFields
     check_body = staticmethod(check_chat_body)
-    _unused_fields = UNUSED_CHAT_COMPLETION_FIELDS - {"response_format"}  # honoured (constraint_fields.py)
+    # honoured: response_format (constraint_fields.py), tool_choice and parallel_tool_calls (tools.py), logprobs and
+    # top_logprobs (serving/logprobs.py)
+    _unused_fields = UNUSED_CHAT_COMPLETION_FIELDS - {"response_format", "tool_choice", "parallel_tool_calls",
+                                                      "logprobs", "top_logprobs"}
+
+    def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
+        settings = super()._build_generation_config(body, model_generation_config, use_cb)
+        return with_tool_calls(settings, body)  # `tools`: the ToolCalls constraint (400 naming a bad field)
 
     def _build_chunk_sse(self, request_id: str = "", content=None, model=None, **kwargs) -> str:
         if isinstance(content, DraftText):
             return with_draft(super()._build_chunk_sse(request_id, model=model), content)
+        if isinstance(content, LogprobText):
+            sse = super()._build_chunk_sse(request_id, content=str(content), model=model, **kwargs)
+            return with_logprobs(sse, chat_logprobs(content.tokenizer, content.entries))
         return super()._build_chunk_sse(request_id, content=content, model=model, **kwargs)
 
 
@@ -150,10 +178,15 @@ class DiffusionCompletionHandler(DiffusionHandlerMixin, CompletionHandler):
 
     _valid_params_class = DiffusionTextFields
     check_body = staticmethod(check_completion_body)
+    chat = False
+    _unused_fields = CompletionHandler._unused_fields - {"logprobs"}  # honoured (serving/logprobs.py)
 
     def _build_chunk_sse(self, request_id: str, model_id: str, text: str = "", **kwargs) -> str:
         if isinstance(text, DraftText):
             return with_draft(super()._build_chunk_sse(request_id, model_id, text=""), text)
+        if isinstance(text, LogprobText):
+            sse = super()._build_chunk_sse(request_id, model_id, text=str(text), **kwargs)
+            return with_logprobs(sse, completion_logprobs(text.tokenizer, text.entries, text.offset))
         return super()._build_chunk_sse(request_id, model_id, text=text, **kwargs)
 
 

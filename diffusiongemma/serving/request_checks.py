@@ -7,17 +7,14 @@ reason, unless the value is the one that asks for nothing (`n: 1`, `logprobs: fa
 honour a field removes its row (`response_format` is honoured: constraint_fields.py).
 """
 
+from .logprobs import requested_top
 from .settings import BadRequestField
 
 # field -> (values that ask for nothing and are accepted, why anything else is refused)
 UNSUPPORTED: dict[str, tuple[tuple, str]] = {
     "n": ((1,), "one choice per request: send several requests (each with its own seed)"),
     "best_of": ((1,), "one choice per request: send several requests"),
-    "logprobs": ((False, 0), "log-probabilities are not reported: a block-diffusion token is not drawn from one "
-                             "next-token distribution"),
-    "top_logprobs": ((0,), "log-probabilities are not reported"),
     "echo": ((False,), "the prompt is not echoed back"),
-    "tool_choice": (("auto",), "only `auto` (the model decides from `tools`) is served"),
     "function_call": (("auto",), "deprecated functions API: use `tools`"),
     "functions": ((), "deprecated functions API: use `tools`"),
     "presence_penalty": ((0, 0.0), "repetition penalties are not applied by block diffusion"),
@@ -106,6 +103,7 @@ def check_template_kwargs(body: dict) -> None:
 
 
 def check_chat_body(body: dict) -> None:
+    requested_top(body, chat=True)  # `logprobs` / `top_logprobs` (serving/logprobs.py)
     check_unsupported(body)
     check_stream(body)
     check_messages(body)
@@ -113,6 +111,7 @@ def check_chat_body(body: dict) -> None:
 
 
 def check_completion_body(body: dict) -> None:
+    requested_top(body, chat=False)  # `logprobs`, and `echo` with it refused with its reason (serving/logprobs.py)
     check_unsupported(body)
     check_stream(body)
     check_prompt(body)

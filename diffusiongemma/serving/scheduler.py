@@ -28,6 +28,7 @@ from ..generation.engine import Plan, soft_embedder
 from ..generation.pool import Row, RowPool
 from ..generation.sampler import SamplerContext, sampler_class_for, temperature_schedule
 from ..generation.stopping import stopper_for
+from .drafts import draft_confidence
 from .settings import RequestSettings
 
 logger = logging.get_logger(__name__)
@@ -185,7 +186,7 @@ class ServingScheduler:
         """The request's plan, shared with every request of equal settings (so their rows sample in one call)."""
         c = s.config
         key = (s.sampling, repr(c.sampler_config), c.max_denoising_steps, c.t_min, c.t_max, c.stability_threshold,
-               c.confidence_threshold)
+               c.confidence_threshold, repr(c.stopper_config))
         if s.automaton is not None:  # one guide per constraint and budget; it keeps each row's state by its id
             key += (id(s.automaton), s.max_new_tokens)
         if key not in self._plans:
@@ -228,9 +229,12 @@ class ServingScheduler:
 
     def _stream(self, events) -> None:
         """A pass's events to the requests' streams: drafts, committed canvases, failures, ends."""
-        drafted = {id(r) for r, _ in events.drafts}
-        for r, draft in events.drafts:
-            r.owner.streamer.put_draft(value=draft)
+        drafted = {id(r) for r, _, _ in events.drafts}
+        for r, draft, entropy in events.drafts:
+            if r.owner.settings.draft.confidence:
+                r.owner.streamer.put_draft(value=draft, confidence=draft_confidence(entropy, self.V))
+            else:
+                r.owner.streamer.put_draft(value=draft)
         for r in events.stepped:
             if id(r) not in drafted:
                 r.owner.streamer.step += 1

@@ -2,8 +2,9 @@
 
 Standard fields: `max_tokens` (chat also `max_completion_tokens`), `stop`, `seed`. Extra body fields (the `openai`
 client sends them with `extra_body=`): the diffusion settings `max_denoising_steps`, `entropy_bound`, `t_min`, `t_max`,
-`stability_threshold`, `confidence_threshold`, `sampling`, and `stream_drafts`; `sampler` and its settings
-(sampler_request.py). `temperature` and `top_p` are accepted
+`stability_threshold`, `confidence_threshold`, `sampling`, and the draft fields (`stream_drafts`, `draft_confidence`,
+`diffusion_frame`: drafts.py); `sampler` and its settings (`sampler_settings`, sampler_request.py);
+`stopper_settings` for a plug-in stopper (stopper_request.py). `temperature` and `top_p` are accepted
 and reported unused once (block diffusion follows its own temperature schedule), as `generate` does.
 
 Every range check is the generation config's (`generation_config.validate_field`), applied one field at a time so
@@ -22,9 +23,11 @@ from transformers.utils import logging
 from ..generation.config import DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig, resolve_generation_config
 from ..generation_config import validate_field
 from ..generation.resolve import SEED_MAX
-from ..generation.sampler import sampling_names
+from ..generation.sampler import sampler_class_for, sampling_names
 from ..sampler_configs import check_sampler_config
+from .drafts import DraftOptions, draft_options
 from .sampler_request import request_sampler_config
+from .stopper_request import request_stopper_config
 
 logger = logging.get_logger(__name__)
 
@@ -57,13 +60,17 @@ class RequestSettings:
     seed: int | None = None
     sampling: str = "fast"
     stop: list[str] = field(default_factory=list)
-    stream_drafts: bool = False
+    stream_drafts: bool = False  # stream draft chunks (any of the draft fields asked for them)
+    draft: DraftOptions = field(default_factory=DraftOptions)  # what the draft chunks carry (drafts.py)
     length_field: str = "max_tokens"  # the body field that set max_new_tokens (named by a length error)
     prompt_field: str = "messages"  # the body field holding the prompt ("messages" or "prompt")
     constraint: object = None  # `Regex` / `JsonSchema` from `response_format` or `regex` (constraint_fields.py)
     constraint_field: str | None = None  # the body field it came from
     automaton: object = None  # the constraint compiled over the server's tokenizer
     tokenizer: object = None  # that tokenizer
+    logprobs: int | None = None  # top alternatives per token when the request asks for logprobs (serving/logprobs.py)
+    logprob_entries: list = field(default_factory=list)  # the answer's `TokenLogprob`s, filled by its streamer
+    tools: object = None  # the `ToolCallReader` of a request with `tools` (serving/tools.py)
 
     @property
     def eos_token_id(self):
@@ -144,9 +151,12 @@ def request_settings(body: dict, model_generation_config) -> RequestSettings:
     try:  # e.g. corrector_steps against this request's step budget
         check_sampler_config(config.sampler_config, config.max_denoising_steps)
     except ValueError as error:
-        field = next((n for n in ("corrector_steps", "max_denoising_steps", "sampler_preset", "sampler")
-                      if n in present), "sampler")
+        nested = present.get("sampler_settings")
+        sent = {*present, *(f"sampler_settings.{k}" for k in (nested if isinstance(nested, dict) else {}))}
+        field = next((n for n in ("corrector_steps", "sampler_settings.corrector_steps", "max_denoising_steps",
+                                  "sampler_preset", "sampler") if n in sent), "sampler")
         raise BadRequestField(field, str(error)) from None
+    config.stopper_config = request_stopper_config(present, config.stopper_config, BadRequestField)
     if not config.t_max > config.t_min:
         def cited(n):
             origin = "sent" if n in present else "this server's default"
@@ -168,14 +178,12 @@ def request_settings(body: dict, model_generation_config) -> RequestSettings:
     names = sorted(sampling_names(type(config.sampler_config)))
     if not isinstance(sampling, str) or sampling not in names:
         raise BadRequestField("sampling", f"must be one of {names}, got {sampling!r}")
-    drafts = present.get("stream_drafts", False)
-    if not isinstance(drafts, bool):
-        raise BadRequestField("stream_drafts", f"must be true or false, got {drafts!r}")
+    draft = draft_options(present, sampler_class_for(config.sampler_config, sampling).per_row, BadRequestField)
     prompt_field = "messages" if "messages" in body else "prompt"
     length_field = token_field if token_field in present else prompt_field
     return RequestSettings(config=config, max_new_tokens=config.max_new_tokens, seed=seed, sampling=sampling,
-                           stop=stop_strings(present.get("stop")), stream_drafts=drafts, length_field=length_field,
-                           prompt_field=prompt_field)
+                           stop=stop_strings(present.get("stop")), stream_drafts=draft.drafts, draft=draft,
+                           length_field=length_field, prompt_field=prompt_field)
 
 
 def check_length(settings: RequestSettings, prompt_length: int, canvas_length: int, max_model_len: int,

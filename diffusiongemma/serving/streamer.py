@@ -3,7 +3,10 @@
 Spec D.7: `put(prompt)`, then `put_draft(value=[1, L])` after every denoising step and `put([1, L])` for every committed
 canvas, then `end()`. Committed tokens become ordinary text items on the request's queue (decoded incrementally, fed
 through the response parser when the model has one, exactly as `DirectStreamer` does); drafts, when the request asked
-for them, become `DraftText` items that the handlers turn into the documented `draft` field of a chunk.
+for them, become `DraftText` items that the handlers turn into the documented `draft` field of a chunk (with each
+position's token and confidence, or the `diffusion_frame` fields, when asked: drafts.py). A request that asked for
+`logprobs` has a `scorer` (serving/logprobs.py) that scores each committed canvas; the tokens whose text has been sent
+go out as `LogprobText` items (with that text, or after the parser's items, with none).
 
 The response holds at most `max_new_tokens` tokens and ends at the first EOS; a `stop` string ends it too (the text
 before it is kept, and `generated`, which the usage and `finish_reason` count, keeps only the tokens whose text lies
@@ -15,20 +18,9 @@ import threading
 
 from transformers.cli.serving.utils import DirectStreamer, _GenerationCancelled, response_events_to_chunks
 
+from .drafts import DraftText
+from .logprobs import LogprobText
 from .settings import RequestSettings
-
-
-class DraftText(str):
-    """Provisional text of the canvas being denoised (the argmax canvas after a step). `canvas` counts the canvases
-    committed before it, `step` the denoising steps of this canvas so far (from 1)."""
-
-    canvas: int
-    step: int
-
-    def __new__(cls, text: str, canvas: int, step: int):
-        draft = super().__new__(cls, text)
-        draft.canvas, draft.step = canvas, step
-        return draft
 
 
 class RowStreamer(DirectStreamer):
@@ -48,6 +40,7 @@ class RowStreamer(DirectStreamer):
         self.max_new_tokens = settings.max_new_tokens
         self.stop = settings.stop
         self.drafts = settings.stream_drafts
+        self._pieces: dict[int, str] = {}  # token id -> its text alone (the drafts' per-position tokens)
         eos = settings.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
         self.settings = settings
@@ -63,6 +56,10 @@ class RowStreamer(DirectStreamer):
         self._ends: list[int] = []  # per generated token: `_text_len` after it
         self._end_lock = threading.Lock()
         self.raise_on_cancel = False  # set when `model.generate` drives this streamer: raising aborts it
+        self.scorer = None  # a `logprobs.CanvasScorer` when the request asked for logprobs
+        self.entries: list = []  # per generated token: its `TokenLogprob` (with a scorer)
+        self._sent_chars = 0  # characters of the answer sent so far
+        self._sent_entries = 0  # entries sent so far
 
     @property
     def abandoned(self) -> bool:
@@ -82,13 +79,29 @@ class RowStreamer(DirectStreamer):
         return self._cancelled.is_set()
 
     def _emit(self, text: str) -> None:
-        if not text:
+        start = self._sent_chars
+        self._sent_chars += len(text)
+        due = self._due_entries()
+        if not text and not due:
             return
         if self._parser is None:
-            self._enqueue(text)
-        else:
-            for item in response_events_to_chunks(self._parser.feed(text)):
-                self._enqueue(item)
+            self._enqueue(LogprobText(text, due, start, self.tokenizer) if self.scorer is not None else text)
+            return
+        for item in response_events_to_chunks(self._parser.feed(text)) if text else ():
+            self._enqueue(item)
+        if due:
+            self._enqueue(LogprobText("", due, start, self.tokenizer))
+
+    def _due_entries(self) -> list:
+        """The entries of the tokens whose text is now wholly sent and that were not sent yet (EOS left out: OpenAI
+        reports the answer's tokens); kept on the settings for a non-streaming response too."""
+        if self.scorer is None:
+            return []
+        done = sum(1 for end in self._ends if end <= self._sent_chars)
+        due = [e for e in self.entries[self._sent_entries : done] if e.token_id not in self.eos_ids]
+        self._sent_entries = max(self._sent_entries, done)
+        self.settings.logprob_entries += due
+        return due
 
     def _filter_stop(self, text: str, final: bool) -> str:
         """Text safe to send now: everything before a stop string (then the response is done), else all but the tail
@@ -99,7 +112,7 @@ class RowStreamer(DirectStreamer):
             self._held, self._done = "", True
             cut = self._text_len - len(pending) + min(hits)  # where the stop string starts in the whole response
             kept = sum(1 for end in self._ends if end <= cut)
-            self.generated, self._ends = self.generated[:kept], self._ends[:kept]
+            self.generated, self._ends, self.entries = self.generated[:kept], self._ends[:kept], self.entries[:kept]
             self.total_tokens = kept
             return pending[: min(hits)]
         keep = 0 if final or not self.stop else min(len(pending), max(len(s) for s in self.stop) - 1)
@@ -112,13 +125,24 @@ class RowStreamer(DirectStreamer):
             return
         if self._first:
             self._first = False
+            if self.scorer is not None:
+                self.scorer.start(value.reshape(-1).tolist())
             return
         self.canvas, self.step = self.canvas + 1, 0
         pieces = []
-        for token in value.reshape(-1).tolist():
+        canvas = value.reshape(-1).tolist()
+        scored = None
+        if self.scorer is not None and not self._done:  # tokens past max_tokens are scored as pad (logprobs.py)
+            room = max(self.max_new_tokens - len(self.generated), 0)
+            pad = self.settings.config.pad_token_id
+            scored = self.scorer.score(canvas if room >= len(canvas) or pad is None
+                                       else canvas[:room] + [pad] * (len(canvas) - room))
+        for i, token in enumerate(canvas):
             if self._done or len(self.generated) >= self.max_new_tokens:
                 break
             self.generated.append(token)
+            if scored is not None:
+                self.entries.append(scored[i])
             text = self._decode_stream.step(self._tokenizer, token)
             if text:
                 pieces.append(text)
@@ -131,15 +155,29 @@ class RowStreamer(DirectStreamer):
             self._done = True
         self._emit(self._filter_stop("".join(pieces), final=False))  # a stop string may shorten `generated`
 
-    def put_draft(self, value=None, logits=None) -> None:
-        """value [1, L]: the argmax canvas after a denoising step."""
+    def put_draft(self, value=None, logits=None, confidence: list[float] | None = None) -> None:
+        """value [1, L]: the argmax canvas after a denoising step; confidence: its L positions' confidences
+        (`drafts.draft_confidence`), given when the request asked for them."""
         if self._check_cancelled():
             return
         self.step += 1
         if not self.drafts or value is None or self._done:
             return
-        ids = value.reshape(-1).tolist()[: self.max_new_tokens - len(self.generated)]
-        self._enqueue(DraftText(self.tokenizer.decode(ids, skip_special_tokens=True), self.canvas, self.step))
+        canvas = value.reshape(-1).tolist()
+        budget = self.max_new_tokens - len(self.generated)  # positions that may still enter the answer
+        text = self.tokenizer.decode(canvas[:budget], skip_special_tokens=True)
+        detail = None
+        if self.settings.draft.confidence:
+            detail = {"tokens": [self._piece(t) for t in canvas], "confidence": confidence,
+                      "budget": min(budget, len(canvas)), "max_steps": self.settings.config.max_denoising_steps}
+        self._enqueue(DraftText(text, self.canvas, self.step, detail, self.settings.config.max_denoising_steps,
+                                self.settings.draft.frame))
+
+    def _piece(self, token: int) -> str:
+        """One token's text decoded alone, special tokens included (a canvas position of the draft)."""
+        if token not in self._pieces:
+            self._pieces[token] = self.tokenizer.decode([token], skip_special_tokens=False)
+        return self._pieces[token]
 
     def end(self) -> None:
         """Flush the held-back text and close the stream (once, whoever calls it)."""

@@ -7,11 +7,24 @@ from ..cli_types import positive_int
 
 
 def _positive_float(text: str) -> float:
+    """A finite number > 0 (`inf` and `nan` are refused: they train a NaN model)."""
     import argparse
+    import math
 
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    """A finite number >= 0."""
+    import argparse
+    import math
+
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
 
 
@@ -39,7 +52,7 @@ def add_sft_command(recipes) -> None:
     t.add_argument("--grad-accum", type=positive_int, default=1, help="gradient accumulation steps (default 1)")
     t.add_argument("--max-length", type=positive_int, default=None,
                    help="refuse rows with more prompt + response tokens (rows are never truncated)")
-    t.add_argument("--ar-weight", type=float, default=1.0, help="weight of the AR loss on the prompt and earlier "
+    t.add_argument("--ar-weight", type=_non_negative_float, default=1.0, help="weight of the AR loss on the prompt and earlier "
                    "canvases (default 1; 0: none)")
     t.add_argument("--save-steps", type=positive_int, default=200, help="steps between checkpoints (default 200)")
     t.add_argument("--seed", type=int, default=0, help="seed (default 0)")

@@ -28,6 +28,46 @@ from .loss import IGNORE_INDEX
 RESPONSE_ROLES = ("assistant", "model")
 
 
+MARK = "\ue000{}\ue001"  # private-use characters: stand in for a message's text while the template renders
+
+
+def special_token_texts(tokenizer) -> list[str]:
+    """The text of every special token of `tokenizer` (EOS, BOS, pad, added control tokens such as turn markers)."""
+    texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    for token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(token, "special", False):
+            texts.add(str(token))
+    return sorted((t for t in texts if t), key=len, reverse=True)
+
+
+def resolve_canvas_length(model, canvas_length) -> int:
+    """The canvas length from `model`'s config or `canvas_length` (both: they must agree).
+
+    Raises:
+        TypeError: neither given. ValueError: not a positive int, or the two disagree.
+    """
+    if model is None and canvas_length is None:
+        raise TypeError("DiffusionGemmaDataCollator needs the canvas length: pass model= (the model you train; its "
+                        "config.canvas_length is used) or canvas_length= (an int, 256 for the released model)")
+    if isinstance(model, int) and not isinstance(model, bool):
+        raise TypeError(f"DiffusionGemmaDataCollator(tokenizer, {model}): the second argument is the model; pass "
+                        f"canvas_length={model} by keyword")
+    from_model = None
+    if model is not None:
+        config = getattr(model, "config", None)
+        from_model = getattr(config, "canvas_length", None)
+        if from_model is None:
+            raise TypeError(f"model= must be a DiffusionGemma model (its config has canvas_length); got "
+                            f"{type(model).__name__}")
+    value = from_model if canvas_length is None else canvas_length
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"canvas_length must be a positive int, got {value!r}")
+    if from_model is not None and canvas_length is not None and canvas_length != from_model:
+        raise ValueError(f"canvas_length={canvas_length} disagrees with the model's config.canvas_length="
+                         f"{from_model}; drop canvas_length= (the model's is used)")
+    return value
+
+
 class RowError(ValueError):
     """A dataset row the collator cannot use; the message names the row (when known) and the field."""
 
@@ -38,22 +78,29 @@ class DiffusionGemmaDataCollator:
     Args:
         tokenizer: a transformers tokenizer with `eos_token_id` (and, for chat rows, a chat template); its pad id
             (EOS when it has none) fills prompt padding and the tail of the last canvas.
-        canvas_length: L, the model's canvas length (`model.canvas_length`, 256 for the released model). Required: a
-            batch laid out for another L would still be whole canvases of the model's L, trained in the wrong places.
+        model: the model the batches are for; the canvas length is read from its config (`config.canvas_length`).
+        canvas_length: L, the model's canvas length (256 for the released model), when no `model` is given. One of
+            the two is required (both must agree): a batch laid out for another L would still be whole canvases of
+            the model's L, trained in the wrong places. Each batch carries it (`labels_canvas_length`), and the
+            model's `forward` refuses a batch laid out for another canvas length.
         max_length: refuse rows whose prompt + response (EOS included) are longer (None: no limit). Rows are never
             truncated.
         add_special_tokens: tokenize prompt-completion prompts with the tokenizer's special tokens (BOS); the
             completion never gets them.
+
+    Text is data, never control: special-token text inside a prompt, completion or chat message (`"<eos>"` typed by
+    a user) is tokenized as the characters it is (`split_special_tokens`), not as the special token.
+
     Call:
-        collator(rows) -> {"input_ids" [B, P], "attention_mask" [B, P], "labels" [B, K*L]} (torch.long)
+        collator(rows) -> {"input_ids" [B, P], "attention_mask" [B, P], "labels" [B, K*L]} (torch.long) and
+        "labels_canvas_length" (L, a 0-d long tensor)
     """
 
-    def __init__(self, tokenizer, canvas_length: int, max_length: int | None = None,
+    def __init__(self, tokenizer, model=None, canvas_length: int | None = None, max_length: int | None = None,
                  add_special_tokens: bool = True):
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos_token_id: a response must end with EOS, as generation stops")
-        if not isinstance(canvas_length, int) or canvas_length < 1:
-            raise ValueError(f"canvas_length must be a positive int, got {canvas_length!r}")
+        canvas_length = resolve_canvas_length(model, canvas_length)
         if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
             raise ValueError(f"max_length must be an int >= 2 or None, got {max_length!r}")
         self.tokenizer = tokenizer
@@ -63,6 +110,7 @@ class DiffusionGemmaDataCollator:
         self.eos_token_id = int(tokenizer.eos_token_id)
         pad = tokenizer.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_id
+        self.special_texts = special_token_texts(tokenizer)
 
     def tokenize(self, row: Mapping, where: str = "a row") -> dict:
         """One row -> {"input_ids": prompt ids, "labels": response ids ending with EOS} (lists of ints).
@@ -118,8 +166,8 @@ class DiffusionGemmaDataCollator:
                                "'messages')")
         if not completion:
             raise RowError(f"{where}: 'completion' is empty")
-        ids = self.tokenizer(prompt, add_special_tokens=self.add_special_tokens)["input_ids"]
-        response = self.tokenizer(completion, add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer(prompt, add_special_tokens=self.add_special_tokens, split_special_tokens=True)["input_ids"]
+        response = self.tokenizer(completion, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         return list(ids), self._with_eos(list(response))
 
     def _chat(self, messages, where: str) -> tuple[list[int], list[int]]:
@@ -135,18 +183,54 @@ class DiffusionGemmaDataCollator:
             raise RowError(f"{where}: 'messages' needs at least one message before the response")
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise RowError(f"{where}: chat rows need a tokenizer with a chat template")
-        prompt = self._render(messages[:-1], True)
-        full = self._render(messages, False)
+        prompt = self._render(messages[:-1], True, where)
+        full = self._render(messages, False, where)
         if full[: len(prompt)] != prompt:
             raise RowError(f"{where}: the chat template renders the conversation so that it does not start with the "
                            "prompt rendered with add_generation_prompt=True (does the template's generation prompt "
                            f"match how it writes a {messages[-1]['role']!r} turn?); cannot split prompt from response")
         return prompt, self._with_eos(full[len(prompt):])
 
-    def _render(self, messages, generation_prompt: bool) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt,
-                                                 return_dict=False)
-        return list(out)
+    def _render(self, messages, generation_prompt: bool, where: str) -> list[int]:
+        """The template's token ids for `messages`; message text holding special-token text is tokenized as text
+        (the template's own special tokens stay control tokens)."""
+        literal = [i for i, m in enumerate(messages) if self._holds_special_text(m["content"])]
+        if not literal:
+            out = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt,
+                                                     return_dict=False)
+            return list(out)
+        for i in literal:
+            if not isinstance(messages[i]["content"], str):
+                raise RowError(f"{where}: messages[{i}] holds special-token text ({self._special_in(messages[i])}) "
+                               "inside structured content; give it as a plain string")
+        # render with a marker in place of each such message's text, then tokenize the template's text as the
+        # template (its control tokens) and the message text with split_special_tokens
+        marked = [dict(m, content=MARK.format(i)) if i in literal else m for i, m in enumerate(messages)]
+        text = self.tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=generation_prompt)
+        verbatim = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        pieces, rest = [], text
+        for i in literal:
+            before, found, rest = rest.partition(MARK.format(i))
+            pieces += [(before, False), (messages[i]["content"], True)]
+            if not found or MARK.format(i) in rest:
+                break
+        pieces.append((rest, False))
+        if "".join(p for p, _ in pieces) != verbatim:
+            raise RowError(f"{where}: messages[{i}] holds special-token text ({self._special_in(messages[i])}) "
+                           "and the chat template does not copy that message's text verbatim, so it cannot be kept "
+                           "as text; remove the special-token text")
+        ids = []
+        for piece, is_message in pieces:
+            ids += self.tokenizer(piece, add_special_tokens=False, split_special_tokens=is_message)["input_ids"]
+        return ids
+
+    def _holds_special_text(self, content) -> bool:
+        text = content if isinstance(content, str) else repr(content)
+        return any(t in text for t in self.special_texts)
+
+    def _special_in(self, message) -> str:
+        text = message["content"] if isinstance(message["content"], str) else repr(message["content"])
+        return ", ".join(repr(t) for t in self.special_texts if t in text)
 
     def canvases(self, response: list[int]) -> list[int]:
         """Response ids (EOS included) -> K*L labels: the last canvas filled with pad after them (scored)."""
@@ -167,4 +251,6 @@ class DiffusionGemmaDataCollator:
             input_ids[b, P - len(prompt):] = torch.tensor(prompt)  # left padding, as generate pads prompts
             attention_mask[b, P - len(prompt):] = 1
             out_labels[b, : len(lab)] = torch.tensor(lab)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": out_labels}
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": out_labels,
+                # a tensor, so that loops moving every value with .to(device) keep working
+                "labels_canvas_length": torch.tensor(self.canvas_length)}

@@ -4,14 +4,18 @@
     DiffusionGemmaDataCollator) -> OUT/ (model + tokenizer; with LoRA also OUT/adapter/)
 
 Trainer supplies the progress bar, gradient accumulation, checkpoints every `save_steps` in OUT/checkpoints/
-(weights or adapter, optimizer, scheduler, RNG states) and resuming from the newest one.
+(weights or adapter, optimizer, scheduler, RNG states) and resuming from the newest one. `SFTTrainer`
+(checkpoints.py) makes each checkpoint atomic and stops on a non-finite loss; `--resume` continues from the newest
+complete checkpoint. Non-finite or negative settings are refused before anything is loaded (`check_sft_config`).
 """
 
+import math
 import os
 from dataclasses import dataclass
 
 import torch
 
+from .checkpoints import SFTTrainer, check_finite_weights, newest_complete_checkpoint
 from .collator import DiffusionGemmaDataCollator
 from .data import read_rows, token_count, tokenize_rows
 
@@ -45,6 +49,20 @@ class SFTConfig:
         return self.lr if self.lr is not None else (1e-3 if self.lora else 1e-4)
 
 
+def check_sft_config(cfg: SFTConfig) -> None:
+    """ValueError naming the option for a setting that cannot train: a learning rate or epoch count that is not a
+    finite number > 0, an AR weight that is not a finite number >= 0."""
+    numbers = {"--lr (lr)": (cfg.lr, "> 0"), "--epochs (epochs)": (cfg.epochs, "> 0"),
+               "--ar-weight (ar_weight)": (cfg.ar_weight, ">= 0")}
+    for name, (value, bound) in numbers.items():
+        if value is None and name.startswith("--lr"):
+            continue
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
+            value > 0 if bound == "> 0" else value >= 0)
+        if not ok:
+            raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
 def lora_model(model, rank: int):
     """`model` wrapped with LoRA adapters of `rank` on the Gemma target list (text stack, self-conditioning and
     vision tower projections)."""
@@ -54,17 +72,11 @@ def lora_model(model, rank: int):
                                             target_modules=LORA_TARGETS))
 
 
-def newest_checkpoint(folder: str) -> str | None:
-    if not os.path.isdir(folder):
-        return None
-    steps = [d for d in os.listdir(folder) if d.startswith("checkpoint-") and d.split("-")[-1].isdigit()]
-    return os.path.join(folder, max(steps, key=lambda d: int(d.split("-")[-1]))) if steps else None
-
-
 def run_sft(cfg: SFTConfig, log=print) -> dict:
     """Fine-tune `cfg.model` on `cfg.data`; returns {"out", "steps", "train_loss", "rows", "tokens"}."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
 
+    check_sft_config(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     # the package registers its class for AutoModelForCausalLM (diffusiongemma/__init__.py); the class itself lives
     # above this layer (tests/test_layering.py)
@@ -73,12 +85,15 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
             "diffusiongemma":
         raise ValueError(f"--model {cfg.model} loaded as {type(model).__module__}.{type(model).__name__}, not "
                          "diffusiongemma's DiffusionGemmaForBlockDiffusion")
-    collator = DiffusionGemmaDataCollator(tokenizer, canvas_length=model.canvas_length, max_length=cfg.max_length)
+    collator = DiffusionGemmaDataCollator(tokenizer, model=model, max_length=cfg.max_length)
     rows = tokenize_rows(read_rows(cfg.data), collator)  # every row checked before training starts
     checkpoints = os.path.join(cfg.out, "checkpoints")
-    resume_from = newest_checkpoint(checkpoints) if cfg.resume else None
+    resume_from = newest_complete_checkpoint(checkpoints, log) if cfg.resume else None
     if cfg.resume and resume_from is None:
-        raise FileNotFoundError(f"--resume: no checkpoint in {checkpoints} (train without --resume first)")
+        raise FileNotFoundError(f"--resume: no checkpoint in {checkpoints} that is complete (train without --resume "
+                                "first)")
+    if resume_from is not None:
+        log(f"resuming from {resume_from}")
     model.config.ar_loss_weight = float(cfg.ar_weight)
     model.train()
     if cfg.lora:
@@ -92,8 +107,9 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
         logging_steps=10, report_to=[], seed=cfg.seed, use_cpu=cfg.device == "cpu", bf16=cfg.bf16,
         disable_tqdm=cfg.quiet, dataloader_drop_last=False,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=collator)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=rows, data_collator=collator)
     result = trainer.train(resume_from_checkpoint=resume_from)
+    check_finite_weights(model, "after training")  # never write a NaN model over OUT
     os.makedirs(cfg.out, exist_ok=True)
     if cfg.lora:
         model.save_pretrained(os.path.join(cfg.out, "adapter"))

@@ -137,7 +137,6 @@ def test_trace_out_needs_overwrite(saved_pair, tmp_path, capsys, one_thread):
 
 
 @pytest.mark.parametrize("manifest, message", [
-    ({"sampling": "greedy"}, "manifest `sampling`"),
     ({"generation_config": {"sampler_config": {"_cls_name": "Nope"}}}, "cannot be rebuilt"),
     ({"generation_config": {"sampler_config": {"entropy_bound": 0.1, "bogus": 1}}}, "cannot be rebuilt"),
 ])

@@ -74,3 +74,22 @@ def test_generate_with_the_logits_projected_too():
                                  max_denoising_steps=4, eos_token_id=EOS, pad_token_id=PAD, **mode)
             for row in out.sequences[:, 5:]:
                 assert re.fullmatch(r"[0-9]{2}(,[0-9]{2})+", TOK.decode(row, skip_special_tokens=True))
+
+
+def test_a_banned_token_is_never_brought_back():
+    # the processors banned every digit; the constraint needs digits: the path stops (pad) where it would need one
+    from diffusiongemma.constraints.guide import cut_at_bans
+
+    a = compile_constraint(Regex(r"x[0-9]{2}"), TOK, 128, [EOS], PAD)
+    guide = ConstraintGuide(a, canvas_length=4, max_new_tokens=4)
+    logits = torch.zeros(1, 4, 128)
+    logits[..., ids("0123456789")] = float("-inf")
+    out, path = guide.project(logits.clone(), [torch.tensor(ids("zz"))], [0], [2])
+    assert path[0].tolist() == ids("x") + [PAD] * 3
+    # unit: only positions within the budget count, and pad itself never does
+    path = torch.tensor([[5, 6, 7, 8]])
+    scores = torch.zeros(1, 4, 128)
+    scores[0, 3, 8] = float("-inf")
+    assert cut_at_bans(scores, path, [3], PAD).tolist() == [[5, 6, 7, 8]]  # position 3 is past the budget
+    scores[0, 1, 6] = float("nan")
+    assert cut_at_bans(scores, path, [4], PAD).tolist() == [[5, PAD, PAD, PAD]]

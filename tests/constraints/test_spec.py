@@ -1,5 +1,7 @@
 """Regex / JsonSchema: construction, equality (the cache key) and every refusal, each naming its cause."""
 
+import re
+
 import pytest
 
 from diffusiongemma import ConstraintError, JsonSchema, Regex
@@ -18,10 +20,20 @@ def test_schema_regex_comes_from_outlines_core():
     assert JsonSchema({"enum": ["cat", "dog"]}).to_regex() == '("cat"|"dog")'
 
 
+def test_what_outlines_core_writes_wrongly_is_rewritten():
+    # property names JSON-escaped (outlines-core writes them raw), patterns grouped and unanchored, exact formats
+    regex = JsonSchema({"type": "object", "properties": {'a"b': {"type": "null"}}, "required": ['a"b']}).to_regex()
+    assert re.fullmatch(regex, '{"a\\"b":null}') and not re.fullmatch(regex, '{"a"b":null}')
+    assert JsonSchema({"type": "string", "pattern": "^a|b$"}).to_regex() == '("(?:a|b)")'
+    date = JsonSchema({"type": "string", "format": "date"}).to_regex()
+    assert re.fullmatch(date, '"2024-02-29"') and not re.fullmatch(date, '"2023-02-29"')
+    assert not re.fullmatch(date, '"2023-02-31"')
+
+
 @pytest.mark.parametrize("schema, message", [
     ("{not json", "not valid JSON"),
     ("[1, 2]", "must be a JSON object"),
-    ({"type": "integer", "minimum": 3}, r"unsupported keyword 'minimum' at schema.minimum"),
+    ({"type": "number", "minimum": 0.5}, r"unsupported bound minimum=0.5 at schema.minimum"),
     ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}},
      r"'uniqueItems' at schema.properties.a.uniqueItems"),
     ({"not": {"type": "string"}}, "unsupported keyword 'not'"),
@@ -30,6 +42,30 @@ def test_schema_regex_comes_from_outlines_core():
     ({"anyOf": []}, "schema.anyOf must be a non-empty list"),
     ({"type": "string", "format": "ipv4"}, "unsupported format 'ipv4' at schema.format"),
     ({"properties": {"a": 3}}, "schema.properties.a must be a schema object"),
+    ({"type": "foo"}, "schema.type is not a valid JSON schema"),  # jsonschema's own check of the schema
+    # what outlines-core would drop or write as invalid JSON (schema_rules.py)
+    ({"type": "object", "properties": {"v": {"type": "integer"}, "n": {"$ref": "#"}}},
+     r"recursive \$ref '#' at schema.properties.n.\$ref"),
+    ({"$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}}}, "$ref": "#/$defs/t"},
+     r"recursive \$ref '#/\$defs/t' at schema.\$ref.items.\$ref"),
+    ({"$ref": "#/$defs/nope"}, r"schema.\$ref = '#/\$defs/nope' points at nothing"),
+    ({"$ref": "https://example.com/s.json"}, "only local references"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]},
+     r"schema.required names \['b'\], which schema.properties does not define"),
+    ({"type": "object", "required": ["b"]}, r"schema.required names \['b'\]"),
+    ({"type": "string", "const": 3}, r"schema.const = 3 contradicts its sibling keywords \['type'\]"),
+    ({"type": "object", "properties": {"k": {"type": "integer", "enum": [1, "x"]}}},
+     r"schema.properties.k.enum\[1\] = \"x\" contradicts"),
+    ({"enum": [1], "const": 1}, "both enum and const"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "anyOf": [{"type": "object"}]},
+     r"schema.anyOf beside \['type', 'properties'\] is not supported"),
+    ({"properties": {"x": {"$ref": "#/$defs/d", "type": "integer"}}, "$defs": {"d": {"type": "integer"}}},
+     r"schema.properties.x.\$ref beside \['type'\]"),
+    ({"allOf": [{"type": "integer"}], "oneOf": [{"type": "integer"}]}, r"schema.oneOf beside \['allOf'\]"),
+    ({"type": "string", "format": "date", "maxLength": 3}, r"schema.format beside \['maxLength'\]"),
+    ({"type": "string", "pattern": "a+", "minLength": 3}, r"schema.pattern beside \['minLength'\]"),
+    ({"type": "integer", "format": "date"}, "schema.format is only supported with type 'string'"),
+    ({"type": "string", "pattern": "("}, r"schema.pattern is not a valid JSON schema: '\(' is not a 'regex'"),
 ])
 def test_bad_schemas_are_refused_by_name(schema, message):
     with pytest.raises(ConstraintError, match=message):
@@ -37,10 +73,20 @@ def test_bad_schemas_are_refused_by_name(schema, message):
 
 
 def test_schema_outlines_cannot_compile_is_named():
-    with pytest.raises(ConstraintError, match="outlines-core cannot compile this schema: Unsupported type: foo"):
-        JsonSchema({"type": "foo"}).to_regex()
     with pytest.raises(ConstraintError, match="maxLength must be greater"):
         JsonSchema({"type": "string", "minLength": 3, "maxLength": 2}).to_regex()
+
+
+@pytest.mark.parametrize("pattern, regex", [("^ab$", "ab"), ("[^a]b$", "[^a]b"), (r"a\$", r"a\$"), ("^a|b$", "a|b")])
+def test_regex_anchors_at_the_ends_are_accepted(pattern, regex):
+    assert Regex(pattern).to_regex() == regex
+
+
+@pytest.mark.parametrize("pattern, where", [("a^b", "'^' at offset 1"), ("(^a)", "'^' at offset 1"),
+                                            ("a$b", "'$' at offset 1")])
+def test_regex_anchors_inside_are_refused(pattern, where):
+    with pytest.raises(ConstraintError, match=rf"Regex pattern .*anchor {re.escape(where)} is not supported"):
+        Regex(pattern)
 
 
 def test_bad_regex_arguments():

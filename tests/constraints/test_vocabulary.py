@@ -39,3 +39,20 @@ def test_byte_level_alphabet_round_trips():
     alphabet = byte_level_alphabet()
     assert len(alphabet) == 256 and sorted(alphabet.values()) == list(range(256))
     assert spell("\u0120hi", {"ByteLevel"}, alphabet) == b" hi"  # GPT-2's Ġ is a space
+
+
+def test_a_tokenizer_whose_decode_is_not_its_pieces_is_refused():
+    # a WordLevel model without a decoder: transformers joins the pieces with spaces, `{"a"` would reach the user as
+    # `{ " a "`
+    import pytest
+
+    from diffusiongemma import ConstraintError, JsonSchema
+    from diffusiongemma.constraints import compile_constraint
+
+    spaced = tiny_tokenizer()
+    spaced.backend_tokenizer.decoder = None
+    assert spaced.decode(spaced.convert_tokens_to_ids(list('{"a"'))) == '{ " a "'
+    with pytest.raises(ConstraintError, match=r"decode\(\) is not the concatenation of its tokens' text .*"
+                                              r"decoders.Fuse"):
+        compile_constraint(JsonSchema({"type": "object"}), spaced, 128, [1], 0)
+    compile_constraint(JsonSchema({"type": "boolean"}), tiny_tokenizer(), 128, [1], 0)  # Fuse: accepted

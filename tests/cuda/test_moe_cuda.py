@@ -74,7 +74,13 @@ def test_grouped_mm_branch_is_taken_on_sm80_and_newer():
 
 
 def test_experts_backward_matches_looped_path_in_bf16():
-    """Training runs the grouped branch through autograd (weight gradients via a grouped GEMM too)."""
+    """Training runs the grouped branch through autograd (weight gradients via a grouped GEMM too).
+
+    bf16 gradients are sums of hundreds of rounded products, and the two paths round in different places, so an
+    elementwise tolerance fails on entries that nearly cancel (the first H200 run: 100 of 32768 entries off by up to
+    4.0). Judge both against the fp32 gradient of the same bf16 weights instead: the grouped path must be about as
+    close to it as the looped path is.
+    """
     H, I = SHAPES["aligned"]
     torch.manual_seed(0)
     ours = Experts(E, H, I).to("cuda", torch.bfloat16)
@@ -82,8 +88,14 @@ def test_experts_backward_matches_looped_path_in_bf16():
     torch.nn.init.normal_(ours.down_proj, std=0.2)
     x, top_w, top_i = routing(H, torch.bfloat16)
     x.requires_grad_(True)
-    grads = torch.autograd.grad(ours(x, top_i, top_w).float().square().sum(), (x, ours.gate_up_proj, ours.down_proj))
-    y = looped(ours, x, top_w, top_i)
-    want = torch.autograd.grad(y.float().square().sum(), (x, ours.gate_up_proj, ours.down_proj))
-    for got, expected in zip(grads, want):
-        torch.testing.assert_close(got.float(), expected.float(), atol=0.5, rtol=5e-2)
+    params = (x, ours.gate_up_proj, ours.down_proj)
+    grads = torch.autograd.grad(ours(x, top_i, top_w).float().square().sum(), params)
+    want = torch.autograd.grad(looped(ours, x, top_w, top_i).float().square().sum(), params)
+    exact = [p.detach().float().requires_grad_(True) for p in params]
+    y = per_expert_ffn(exact[0], top_w, top_i, exact[1], exact[2])
+    truth = torch.autograd.grad(y.square().sum(), exact)
+    for name, got, looped_grad, t in zip(("x", "gate_up_proj", "down_proj"), grads, want, truth):
+        err_grouped = (got.float() - t).norm() / t.norm()
+        err_looped = (looped_grad.float() - t).norm() / t.norm()
+        assert err_grouped <= 2 * err_looped + 1e-3, (name, err_grouped.item(), err_looped.item())
+        assert err_grouped < 2e-2, (name, err_grouped.item())

@@ -154,8 +154,8 @@ def test_errors(model):
     out = model.generate(ids, constraint=Regex("a{3}"), tokenizer=TOK, max_new_tokens=16, max_denoising_steps=2,
                          pad_token_id=None, eos_token_id=1)
     assert answers(out, 5) == ["aaa"]
-    with pytest.raises(ConstraintError, match="unsupported keyword 'minimum'"):
-        model.generate(ids, constraint=JsonSchema({"type": "integer", "minimum": 0}), tokenizer=TOK, **KW)
+    with pytest.raises(ConstraintError, match="unsupported keyword 'uniqueItems'"):
+        model.generate(ids, constraint=JsonSchema({"type": "array", "uniqueItems": True}), tokenizer=TOK, **KW)
     with pytest.raises(ConstraintError, match="cannot spell"):
         model.generate(ids, constraint=Regex("ü"), tokenizer=TOK, max_new_tokens=16, **KW)
 

@@ -18,6 +18,7 @@ from compressed_tensors.quantization.utils import calculate_qparams, generate_gp
 from safetensors.torch import save_file
 from torch import nn
 
+from diffusiongemma.modeling.vision_linear import AdaptableClippableLinear
 from diffusiongemma.quantization.experts import unfuse_model_experts
 from diffusiongemma.quantization.fp8 import dequantize_fp8_weight, quantize_fp8_per_token
 from diffusiongemma.quantization.nvfp4 import dequantize_nvfp4_weight, quantize_dequantize_nvfp4_activation
@@ -27,9 +28,12 @@ REGEX_IGNORE = ["lm_head", "re:.*router.*", "re:.*vision_tower.*", "re:.*embed_v
 
 def explicit_ignore(model: nn.Module, prefix: str = "model.decoder.") -> list[str]:
     """LLM Compressor one-shot style (spec F.4): every Linear-like module left unquantized, by name, including the
-    router module itself; text-stack names written under `prefix`."""
+    router module itself; text-stack names written under `prefix`. Names are those of the built-in class: a vision
+    linear is its `.linear` child, never our `AdaptableClippableLinear` wrapper (which the built-in does not have)."""
     names = []
     for name, module in model.named_modules():
+        if isinstance(module, AdaptableClippableLinear):
+            continue
         linear_like = isinstance(module, nn.Linear) or "Router" in type(module).__name__
         if linear_like and re.search(r"router|vision_tower|embed_vision|self_conditioning|lm_head", name):
             names.append(name.replace("model.decoder.", prefix) if "self_conditioning" not in name else name)
@@ -75,6 +79,9 @@ def write_compressed_checkpoint(model: nn.Module, path, preset: str, ignore: lis
                                  ignore=[n for n in ignore])
     if encoder_layout:  # the library matches our module names; translate the ignore list for it
         qconfig.ignore = [n.replace("model.encoder.language_model.", "model.decoder.") for n in ignore]
+    # the library takes our vision wrappers for Linears (they are, to isinstance): it must skip them; the config
+    # written below keeps `ignore` as given
+    qconfig.ignore += ["AdaptableClippableLinear"]
     apply_quantization_config(model, qconfig, show_progress=False)
     amax = _calibrate_inputs(model, calibration_ids if calibration_ids is not None else torch.randint(3, 100, (1, 12)))
     for name, module in model.named_modules():

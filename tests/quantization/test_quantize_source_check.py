@@ -38,3 +38,18 @@ def test_bitsandbytes_source_is_refused_too(tmp_path):
         check_not_quantized(str(tmp_path))
     (tmp_path / "config.json").write_text('{"model_type": "diffusion_gemma"}')
     check_not_quantized(str(tmp_path))  # an unquantized source passes
+
+
+def test_a_source_of_another_model_type_is_refused(tmp_path):
+    """The command loads the dense source through AutoModelForCausalLM (quantization sits below the public class):
+    a checkpoint that maps to another class is refused, naming it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from diffusiongemma.quantization.quantize import dense_model, quantize_checkpoint
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path / "llama")
+    with pytest.raises(ValueError, match="is not a DiffusionGemma checkpoint .*LlamaForCausalLM"):
+        quantize_checkpoint(str(tmp_path / "llama"), str(tmp_path / "out"), "fp8-dynamic")
+    tiny_model().save_pretrained(tmp_path / "ours")
+    assert type(dense_model(str(tmp_path / "ours"))).__name__ == "DiffusionGemmaForBlockDiffusion"

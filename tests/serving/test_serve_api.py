@@ -241,7 +241,8 @@ def test_queue_limit_gives_429(checkpoint):
                                                  stream=True, **slow)
         assert wait_for(lambda: served.scheduler.waiting == 1)
         with pytest.raises(openai.RateLimitError):
-            client.chat.completions.create(model=checkpoint, messages=[{"role": "user", "content": "c"}], **slow)
+            client.chat.completions.create(model=checkpoint, messages=[{"role": "user", "content": "c"}], stream=True,
+                                           **slow)
         running.close()
         waiting.close()
     finally:

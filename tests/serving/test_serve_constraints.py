@@ -93,9 +93,9 @@ def test_budget_ran_out_is_length(live):
 
 
 @pytest.mark.parametrize("extra, field, message", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer",
-                                                                                         "minimum": 1}}}},
-     "response_format", "unsupported keyword 'minimum'"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "number",
+                                                                                         "minimum": 0.5}}}},
+     "response_format", "unsupported bound minimum=0.5"),
     ({"response_format": {"type": "yaml"}}, "response_format", "`type` must be one of"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format",
      "with a `schema` object"),

@@ -43,6 +43,8 @@ BASE = DiffusionGemmaGenerationConfig(eos_token_id=None, pad_token_id=0)
      dataclasses.replace(sampler_preset("confidence-threshold"), threshold=0.8)),
     ({"sampler_preset": "discrete-ddim", "corrector_steps": 1},
      dataclasses.replace(sampler_preset("discrete-ddim"), corrector_steps=1)),
+    ({"sampler": "block-refinement", "sampler_settings": {"threshold": 0.9}}, BlockRefinementSamplerConfig(threshold=0.9)),
+    ({"sampler_settings": {"entropy_bound": 0.2}}, EntropyBoundSamplerConfig(entropy_bound=0.2)),
 ])
 def test_request_picks_the_sampler(body, expected):
     assert request_settings(body, BASE).config.sampler_config == expected
@@ -68,6 +70,11 @@ def test_settings_alone_adjust_the_servers_sampler():
     ({"sampler_preset": 1}, "sampler_preset"),
     ({"sampler_preset": "discrete-ddim", "sampler": "block-refinement"}, "sampler"),
     ({"sampler_preset": "discrete-ddim", "threshold": 0.5}, "threshold"),
+    ({"sampler": "block-refinement", "sampler_settings": {"threshold": 2.0}}, "sampler_settings.threshold"),
+    ({"sampler": "block-refinement", "sampler_settings": {"factor": 0.5}}, "sampler_settings.factor"),
+    ({"sampler": "block-refinement", "threshold": 0.5, "sampler_settings": {"threshold": 0.6}},
+     "sampler_settings.threshold"),
+    ({"sampler_settings": "fast"}, "sampler_settings"),
     ({"sampler": "discrete-ddim", "corrector_steps": 10**12}, "corrector_steps"),
     ({"sampler": "discrete-ddim", "corrector_steps": 4, "max_denoising_steps": 5}, "corrector_steps"),
     ({"sampler": "discrete-ddim", "corrector_steps": 47}, "corrector_steps"),  # the default budget is 48
@@ -80,7 +87,7 @@ def test_bad_sampler_fields_name_the_field(body, field):
 
 def test_every_sampler_setting_is_an_accepted_body_field():
     declared = set(DiffusionSettingFields.__annotations__)
-    assert {"sampler", "sampler_preset", *SAMPLER_FIELDS} <= declared
+    assert {"sampler", "sampler_preset", "sampler_settings", "stopper_settings", *SAMPLER_FIELDS} <= declared
 
 
 @pytest.mark.parametrize("body,config", [

@@ -30,7 +30,7 @@ def test_defaults_come_from_the_model_then_the_global_defaults():
 def test_every_field_lands():
     body = {"max_tokens": 20, "seed": 7, "stop": "##", "max_denoising_steps": 5, "entropy_bound": 1, "t_min": 0,
             "t_max": 2, "stability_threshold": 0, "confidence_threshold": 1, "sampling": "reference",
-            "stream_drafts": True}
+            "stream_drafts": True, "stream": True}
     s = request_settings(body, MODEL_CONFIG)
     c = s.config
     assert (s.max_new_tokens, c.max_new_tokens, s.seed, s.stop, s.sampling, s.stream_drafts) == (
@@ -112,7 +112,7 @@ def test_stop_string_split_across_canvases_is_held_back():
 
 def test_drafts_only_when_asked_and_numbered_by_canvas_and_step():
     calls = [("put_draft", ids("ab??")), ("put_draft", ids("abcd")), ("put", ids("abcd")), ("put_draft", ids("ef"))]
-    items, _ = collect(request_settings({"stream_drafts": True, "max_tokens": 6}, MODEL_CONFIG), calls)
+    items, _ = collect(request_settings({"stream_drafts": True, "stream": True, "max_tokens": 6}, MODEL_CONFIG), calls)
     drafts = [(str(d), d.canvas, d.step) for d in items if isinstance(d, DraftText)]
     assert drafts == [("ab??", 0, 1), ("abcd", 0, 2), ("ef", 1, 1)]  # the last draft cut to the 2 tokens left
     items, _ = collect(request_settings({"max_tokens": 6}, MODEL_CONFIG), calls)
