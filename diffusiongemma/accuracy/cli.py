@@ -2,7 +2,7 @@
 
     diffusiongemma trace --model PATH (--prompt TEXT | --prompts FILE) --out DIR [--seed S] [--top-k K] ...
     diffusiongemma compare --model PATH --trace DIR [--json] [--min-top1 X] [--max-kl X]     exit 0 / 1 / 2
-    diffusiongemma compare --model PATH --engine-url URL --prompts FILE [--chat] [--samples N] ...  exit 0 / 1 / 2
+    diffusiongemma compare --model PATH --engine-url URL --prompts FILE [--chat] [--samples N] ...  exit 0 / 1 / 2 / 3
     diffusiongemma golden --model PATH --prompts FILE --out FILE.jsonl [--seed S]
     diffusiongemma golden --check FILE.jsonl --model PATH [--seed S]                         exit 0 / 1
 """

@@ -97,7 +97,8 @@ def add_engine_arguments(p) -> None:
     p.add_argument("--engine-url", default=None,
                    help="check a running OpenAI-compatible server instead of a trace: its /v1 base URL, e.g. "
                         "http://127.0.0.1:8000/v1 (needs --prompts; exit 1 when its answers are significantly less "
-                        "likely under the reference, 2 when it cannot be asked)")
+                        "likely under the reference, 2 when it cannot be asked, 3 when the run has too little power to "
+                        "call it a pass)")
     p.add_argument("--prompts", default=None, help="--engine-url: prompts file, one per line (or .jsonl `prompt`)")
     p.add_argument("--chat", action="store_true", help="--engine-url: ask /chat/completions (one user message)")
     p.add_argument("--samples", type=int, default=4, help="--engine-url: answers per prompt and side (default 4)")
