@@ -9,6 +9,11 @@ LM head alone (hidden 2816), a lower bound for a real decoder pass. Medians.
 
     python benchmarks/constraints.py --threads 1
     python benchmarks/constraints.py --threads 1 --vocabs 32768 --canvas 256 --device cuda
+    python benchmarks/constraints.py --threads 1 --constraint tools     # a 3-tool ToolCalls union instead
+
+With `--constraint tools` the constraint is `ToolCalls(TOOLS, tool_choice="required")` (three functions with bounds,
+enums, nested objects and arrays, Gemma 4's call syntax) and Gemma 4's three call markers are special tokens of the
+synthetic tokenizer.
 """
 
 import argparse
@@ -18,10 +23,10 @@ import statistics
 import time
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from diffusiongemma import DiffusionGemmaForBlockDiffusion, JsonSchema
+from diffusiongemma import DiffusionGemmaForBlockDiffusion, JsonSchema, ToolCalls
 from diffusiongemma.constraints import compile_constraint
 from diffusiongemma.constraints.viterbi import allowed_mask, constrained_path
 from generate_vs_builtin import randomize_, small_config
@@ -42,20 +47,41 @@ SCHEMA = {
 }
 
 
-def synthetic_tokenizer(vocab_size: int, seed: int = 0) -> PreTrainedTokenizerFast:
-    """Specials, every printable ASCII character, then distinct random pieces of 2-8 characters."""
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 40}, "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "units": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "days"]}}},
+    {"type": "function", "function": {"name": "book_table", "parameters": {"type": "object", "properties": {
+        "restaurant": {"type": "string"}, "party": {"type": "object", "properties": {
+            "size": {"type": "integer", "exclusiveMinimum": 0, "maximum": 20},
+            "names": {"type": "array", "items": {"type": "string"}, "maxItems": 4}}, "required": ["size"]},
+        "time": {"type": "number", "minimum": 0, "maximum": 24}, "vegan": {"type": "boolean"}},
+        "required": ["restaurant", "party", "time"]}}},
+    {"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {
+        "query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1, "maximum": 100}},
+        "required": ["query"]}}},
+]
+MARKERS = ["<|tool_call>", "<tool_call|>", '<|"|>']  # Gemma 4's call markers: special tokens of its tokenizer
+
+
+def synthetic_tokenizer(vocab_size: int, seed: int = 0, specials: tuple = ()) -> PreTrainedTokenizerFast:
+    """Specials, every printable ASCII character, then distinct random pieces of 2-8 characters (the last ids are
+    `specials`, added as special tokens)."""
     rng = random.Random(seed)
     alphabet = "abcdefghijklmnopqrstuvwxyz" * 4 + "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + "0123456789" * 2 + " " * 6 + \
         ".,:;\"'{}[]-_!?()/\\"
     vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<bos>", "<unk>"])}
     for c in range(32, 127):
         vocab[chr(c)] = len(vocab)
-    while len(vocab) < vocab_size:
+    while len(vocab) < vocab_size - len(specials):
         piece = "".join(rng.choice(alphabet) for _ in range(rng.randint(2, 8)))
         vocab.setdefault(piece, len(vocab))
+    for token in specials:
+        vocab[token] = len(vocab)
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     backend.decoder = decoders.Fuse()
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>",
                                    bos_token="<bos>", unk_token="<unk>")
 
@@ -78,11 +104,14 @@ def mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
-def run(vocab_size: int, L: int, device, repeats: int) -> None:
-    tok = synthetic_tokenizer(vocab_size)
+def run(vocab_size: int, L: int, device, repeats: int, kind: str = "schema") -> None:
+    tools = kind == "tools"
+    tok = synthetic_tokenizer(vocab_size, specials=tuple(MARKERS) if tools else ())
+    constraint = ToolCalls(TOOLS, tool_choice="required") if tools else JsonSchema(SCHEMA)
     start = time.perf_counter()
-    automaton = compile_constraint(JsonSchema(SCHEMA), tok, vocab_size, [1], 0)
+    automaton = compile_constraint(constraint, tok, vocab_size, [1], 0)
     compile_s = time.perf_counter() - start
+    print(f"\nconstraint: {constraint.describe()}")
     automaton = automaton.to(device)
     S, C, E = automaton.num_states, automaton.num_classes, automaton.src.shape[0]
     print(f"\nvocab {vocab_size}: compiled in {compile_s:.1f} s (outlines-core Index + table + factorization); "
@@ -135,6 +164,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--constraint", choices=["schema", "tools"], default="schema",
+                        help="the nested JSON schema (default) or a 3-tool ToolCalls union")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -142,7 +173,7 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     print(f"torch {torch.__version__}, {device} ({name}), {torch.get_num_threads()} thread(s), canvas {args.canvas}")
     for vocab_size in args.vocabs:
-        run(vocab_size, args.canvas, device, args.repeats)
+        run(vocab_size, args.canvas, device, args.repeats, args.constraint)
 
 
 if __name__ == "__main__":

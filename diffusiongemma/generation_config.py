@@ -1,7 +1,7 @@
 """Generation settings: transformers' `DiffusionGemmaGenerationConfig` with strict, clear validation (spec A.5, D.1).
 
-The bottom layer (it imports only transformers, `sampler_configs` and `stopper_configs`): the network (`modeling/`) and generation both
-read it. `diffusiongemma.generation.config` re-exports it.
+The bottom layer (it imports only transformers, `sampler_configs` and `stopper_configs`): the network (`modeling/`)
+and generation both read it. `diffusiongemma.generation.config` re-exports it.
 
 We subclass transformers' class so `generation_config.json` files load and save identically in both directions;
 only `validate` differs: every bad value raises a `ValueError` naming the field and what was expected (the built-in

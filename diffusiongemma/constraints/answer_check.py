@@ -1,8 +1,9 @@
 """The last check of a constrained answer, on the text its user receives, before it is called complete.
 
 The automaton guarantees the tokens; the user gets `tokenizer.decode(tokens)`. So every answer is checked once more,
-as text: `decode` must give exactly the text the tokens spell (what the automaton read), and a `JsonSchema` answer
-must parse as JSON and validate against the schema with `jsonschema` (formats included). A failure is a bug of
+as text: `decode` must give exactly the text the tokens spell (what the automaton read), a `JsonSchema` answer
+must parse as JSON and validate against the schema with `jsonschema` (formats included), and a `ToolCalls` answer
+must parse into the calls its mode promises, each call's arguments valid (`parse_tool_calls`). A failure is a bug of
 ours (outlines-core or this package expressing the schema wrongly): `generate` reports it in
 `out.constraint_errors` and flags the row `truncated`, the server ends the response with an error naming it.
 """
@@ -12,6 +13,8 @@ import json
 
 from .automaton import TokenAutomaton
 from .spec import JsonSchema
+from .tool_parse import tool_calls_problem
+from .tools import ToolCalls
 
 BUG = "(a bug of diffusiongemma's constrained decoding: please report it with the constraint)"
 
@@ -50,6 +53,11 @@ def schema_problem(text: str, constraint: JsonSchema) -> str | None:
     return f"the answer fails the schema at answer{place}: {error.message}"
 
 
+def spelled_text(automaton: TokenAutomaton, ids: list[int]) -> str:
+    """The text the automaton read for `ids`: their bytes joined (an unfinished character as U+FFFD)."""
+    return b"".join(automaton.spelled[t] or b"" for t in ids).decode("utf-8", errors="replace")
+
+
 def answer_problem(automaton: TokenAutomaton, tokenizer, tokens: list[int], complete: bool) -> str | None:
     """Why an answer the automaton accepted is not valid as text, or None.
 
@@ -61,7 +69,7 @@ def answer_problem(automaton: TokenAutomaton, tokenizer, tokens: list[int], comp
     """
     ids = answer_ids(tokens, automaton.end_ids)
     text = tokenizer.decode(ids)  # an answer holds no special token but those its constraint spells (ToolCalls)
-    spelled = b"".join(automaton.spelled[t] or b"" for t in ids).decode("utf-8", errors="replace")
+    spelled = spelled_text(automaton, ids)
     if text != spelled:
         return (f"{automaton.description}: decode() gives {text[:80]!r} where the tokens spell {spelled[:80]!r}, so "
                 f"the text does not match the constraint {BUG}")
@@ -69,7 +77,17 @@ def answer_problem(automaton: TokenAutomaton, tokenizer, tokens: list[int], comp
         problem = schema_problem(text, automaton.constraint)
         if problem is not None:
             return f"{automaton.description}: {problem} {BUG}"
+    if complete and isinstance(automaton.constraint, ToolCalls):
+        problem = tool_calls_problem(text, automaton.constraint)  # each call parses and its arguments validate
+        if problem is not None:
+            return f"{automaton.description}: {problem} {BUG}"
     return None
+
+
+def ended_early(automaton: TokenAutomaton) -> str:
+    """Why an answer that reached EOS or padding is not complete."""
+    return (f"the {automaton.description} answer ended before it was complete: the `logits_processor`s banned every "
+            f"token the constraint allowed next (or a stopping criterion ended it)")
 
 
 def check_answers(automaton: TokenAutomaton, tokenizer, answers, complete) -> tuple[list[bool], list[str | None]]:
@@ -84,8 +102,7 @@ def check_answers(automaton: TokenAutomaton, tokenizer, answers, complete) -> tu
         why = answer_problem(automaton, tokenizer, row, whole)
         if why is None and not whole:
             if len(answer_ids(row, automaton.end_ids)) < len(row):
-                why = (f"the {automaton.description} answer ended before it was complete: the `logits_processor`s "
-                       f"banned every token the constraint allowed next (or a stopping criterion ended it)")
+                why = ended_early(automaton)
             else:
                 why = f"max_new_tokens ran out before the {automaton.description} answer was complete"
         truncated.append(why is not None)

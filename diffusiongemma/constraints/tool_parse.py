@@ -10,8 +10,6 @@ import json
 import re
 from dataclasses import dataclass, field
 
-import jsonschema
-
 from .tool_syntax import CALL_CLOSE, CALL_OPEN, CALL_PREFIX, KEY, NUMBER, QUOTE
 from .tools import check_tools, chosen_names
 
@@ -147,6 +145,8 @@ def parse_tool_calls(text: str, tools, tool_choice="auto") -> ParsedReply:
     Returns:
         ParsedReply(content, tool_calls, invalid, unfinished).
     """
+    import jsonschema  # the safety net behind the regex: every returned call's arguments validate
+
     functions = {f["name"]: f for f in check_tools(tools)}
     mode, allowed = chosen_names(list(functions.values()), tool_choice)
     validators = {name: jsonschema.Draft202012Validator(f["parameters"]) for name, f in functions.items()}
@@ -180,3 +180,17 @@ def parse_tool_calls(text: str, tools, tool_choice="auto") -> ParsedReply:
         reply.tool_calls.append({"type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}})
     reply.content = "".join(content)
     return reply
+
+
+def tool_calls_problem(text: str, constraint) -> str | None:
+    """Why a complete `ToolCalls` answer is not what its mode promises (answer_check.py's last check), or None."""
+    reply = parse_tool_calls(text, constraint.tools, constraint.tool_choice)
+    if reply.invalid:
+        return f"the answer holds an invalid call ({reply.invalid[0]['reason']})"
+    if reply.unfinished is not None:
+        return "the answer ends inside a call"
+    if constraint.mode == "required" and not reply.tool_calls:
+        return "the answer holds no call"
+    if constraint.mode == "none" and reply.tool_calls:
+        return "the answer holds a call"
+    return None

@@ -55,12 +55,12 @@ from .reference_sampler import ReferenceSampler
 from ..sampler_configs import EntropyBoundSamplerConfig, register_sampler_config
 
 __all__ = [
-    "BaseSampler", "FastSampler", "GumbelSampler", "NOISE_CHUNK", "OnePass", "ReferenceSampler", "Sampler", "SamplerContext",
-    "SoftEmbed", "StepOutput", "apply_temperature_", "block_maxima", "blocked_multinomial", "blocked_rows",
-    "entropy_bound_accept", "exact_multinomial", "fast_multinomial", "fast_multinomial_is_exact", "first_argmax",
-    "init_sampler_state", "inverse_cdf_sample", "multinomial_is_blockwise", "one_pass", "register_sampler", "renoise", "row_block",
-    "row_generators", "sampler_class_for", "sampler_for", "sampler_names", "sampling_names", "soft_group_rows", "temperature_at", "temperature_schedule",
-    "token_entropy",
+    "BaseSampler", "FastSampler", "GumbelSampler", "NOISE_CHUNK", "OnePass", "ReferenceSampler", "Sampler",
+    "SamplerContext", "SoftEmbed", "StepOutput", "apply_temperature_", "block_maxima", "blocked_multinomial",
+    "blocked_rows", "entropy_bound_accept", "exact_multinomial", "fast_multinomial", "fast_multinomial_is_exact",
+    "first_argmax", "init_sampler_state", "inverse_cdf_sample", "multinomial_is_blockwise", "one_pass",
+    "register_sampler", "renoise", "row_block", "row_generators", "sampler_class_for", "sampler_for",
+    "sampler_names", "sampling_names", "soft_group_rows", "temperature_at", "temperature_schedule", "token_entropy",
 ]
 
 

@@ -20,8 +20,7 @@ from transformers.cli.serving.utils import BaseGenerateManager, GenerationState,
 from .constraint_fields import compiled_constraint
 from .scheduler import Job, ServingScheduler
 from .settings import RequestSettings, check_length
-from .streamer import DraftText, RowStreamer
-from .tools import end_texts
+from .streamer import AnswerFailed, ConstrainedAnswerError, DraftText, RowStreamer
 
 
 class DiffusionModelManager(ModelManager):
@@ -98,11 +97,11 @@ class DiffusionGenerateManager(BaseGenerateManager):
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         tokenizer = getattr(processor, "tokenizer", processor)
+        if settings.tools is not None:  # calls are read from the text with its special tokens (serving/tools.py)
+            settings.tools.bind(tokenizer, settings)  # else 400: the template does not render tools
+            response_parser = settings.tools
         settings.automaton = compiled_constraint(settings, tokenizer, self.scheduler.V)  # else 400
         settings.tokenizer = tokenizer
-        if settings.tools is not None:  # calls are read from the text with its special tokens (serving/tools.py)
-            settings.tools.drop = end_texts(tokenizer, settings)
-            response_parser = settings.tools
         streamer = RowStreamer(tokenizer, loop, queue, settings, response_parser=response_parser)
         if settings.logprobs is not None:  # one decoder pass per committed canvas (serving/logprobs.py)
             from .logprobs import CanvasScorer
@@ -120,6 +119,8 @@ class DiffusionGenerateManager(BaseGenerateManager):
         pieces = []
         try:
             while (item := await queue.get()) is not None:
+                if isinstance(item, AnswerFailed):
+                    raise ConstrainedAnswerError(item.message)
                 if isinstance(item, _StreamError):
                     raise RuntimeError(item.msg)
                 if isinstance(item, str) and not isinstance(item, DraftText):  # content (tool calls: tools.py)

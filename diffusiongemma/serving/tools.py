@@ -14,9 +14,13 @@ events, `finalize()`, `initial_events`), so committed text is read with its spec
 emitted once whole and valid (transformers serve turns it into one tool-call delta: index, id, name, arguments).
 """
 
+import weakref
+
 from ..constraints import ToolCalls, ToolsError, parse_tool_calls
 from ..constraints.tool_syntax import CALL_OPEN
 from .settings import BadRequestField
+
+ARGUMENT_PIECE = 32  # characters of a call's JSON arguments per streamed delta
 
 
 def request_tool_calls(body: dict) -> ToolCalls | None:
@@ -94,6 +98,20 @@ class ToolCallReader:
         self.unfinished: str | None = None
         self.initial_events: list = []
 
+    def bind(self, tokenizer, settings) -> None:
+        """Read the end texts from the server's tokenizer; refuse a chat template that never shows the model the tools.
+
+        Raises:
+            BadRequestField: the template does not use `tools` (the model would call functions it was never shown).
+        """
+        template = getattr(tokenizer, "chat_template", None) or ""
+        if isinstance(template, dict):
+            template = " ".join(template.values())
+        if "tools" not in template:
+            raise BadRequestField("tools", "this model's chat template does not render tools, so the model would "
+                                           "never see them; serve it with a template that does (Gemma 4's)")
+        self.drop = end_texts(tokenizer, settings)
+
     def _clean(self, text: str) -> str:
         for d in self.drop:
             text = text.replace(d, "")
@@ -167,16 +185,32 @@ class ToolsHandlerMixin:
         check_tool_messages(body)
 
     def _streaming(self, request_id, model, processor, model_id, inputs, gen_config, gen_manager, tools=None):
-        if getattr(gen_config, "tools", None) is not None:
-            self.__dict__.setdefault("_tool_readers", {})[request_id] = gen_config.tools
+        if getattr(gen_config, "tools", None) is not None:  # read back by the last chunk (gone with the request)
+            self.__dict__.setdefault("_tool_readers", weakref.WeakValueDictionary())[request_id] = gen_config.tools
         return super()._streaming(request_id, model, processor, model_id, inputs, gen_config,
                                   gen_manager=gen_manager, tools=tools)
 
-    def _build_chunk_sse(self, request_id: str = "", *args, finish_reason=None, **kwargs) -> str:
+    def _build_chunk_sse(self, request_id: str = "", *args, finish_reason=None, tool_calls=None, **kwargs) -> str:
         reader = self.__dict__.get("_tool_readers", {}).pop(request_id, None) if finish_reason else None
         if reader is not None and reader.unfinished is not None:
             finish_reason = "length"  # the budget ended inside a call: no call is complete
-        return super()._build_chunk_sse(request_id, *args, finish_reason=finish_reason, **kwargs)
+        if not tool_calls:
+            return super()._build_chunk_sse(request_id, *args, finish_reason=finish_reason, **kwargs)
+        # a whole call, streamed as OpenAI streams one: its index, id, type and name with empty arguments, then the
+        # arguments in pieces (index and arguments only)
+        from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
+
+        events = []
+        for call in tool_calls:
+            arguments = call.function.arguments or ""
+            head = ChoiceDeltaToolCall(index=call.index, id=call.id, type="function",
+                                       function={"name": call.function.name, "arguments": ""})
+            events.append(super()._build_chunk_sse(request_id, *args, tool_calls=[head], **kwargs))
+            for start in range(0, len(arguments), ARGUMENT_PIECE):
+                part = arguments[start : start + ARGUMENT_PIECE]
+                piece = ChoiceDeltaToolCall(index=call.index, function={"arguments": part})
+                events.append(super()._build_chunk_sse(request_id, *args, tool_calls=[piece], **kwargs))
+        return "".join(events)
 
     async def _non_streaming(self, request_id, model, processor, model_id, inputs, gen_config, gen_manager,
                              tools=None):

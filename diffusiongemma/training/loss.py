@@ -16,6 +16,7 @@ its detached logits condition the second pass, which is the one scored. See docs
 Legend: B batch, P prefix length, L canvas length, V vocab, H hidden.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -132,6 +133,10 @@ def block_diffusion_loss(
     """
     if input_ids is None:
         raise ValueError("block_diffusion_loss needs `input_ids` (the clean prefix, at least one token)")
+    if isinstance(ar_weight, bool) or not isinstance(ar_weight, (int, float)) or not math.isfinite(ar_weight) \
+            or ar_weight < 0:
+        raise ValueError(f"the AR loss weight (config.ar_loss_weight, `train sft --ar-weight`) must be a finite "
+                         f"number >= 0, got {ar_weight!r}")
     if isinstance(labels, torch.Tensor) and labels.dim() == 2 and labels.shape[1] > model.canvas_length:
         from .canvases import multi_canvas_loss
 

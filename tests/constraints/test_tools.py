@@ -49,7 +49,7 @@ def test_required_and_named_calls_always_validate(model, choice, names):
     for seed in range(6):
         ids = torch.randint(4, 99, (4, 6), generator=torch.Generator().manual_seed(seed))
         out = model.generate(ids, constraint=constraint, tokenizer=TOK, max_new_tokens=64, seed=seed, **KW)
-        assert not bool(out.truncated.any())
+        assert not bool(out.truncated.any()) and not any(out.truncation_reasons)  # answer_check.py agrees
         for text in answers(out, 6):
             assert text.startswith("<|tool_call>call:"), text
             calls = valid_calls(text, choice, names)
@@ -140,3 +140,43 @@ def test_property_names_must_be_identifiers():
         "type": "object", "properties": {"two words": {"type": "string"}}}}}]
     with pytest.raises(Exception, match="must be an identifier"):
         ToolCalls(tools).to_regex()
+
+
+def test_pydantic_parameters(model):
+    """A pydantic v2 model's schema ($defs, Optional, Literal, conint, constr(pattern=...)) as a tool's parameters."""
+    from typing import Literal, Optional
+
+    from pydantic import BaseModel, conint, constr
+
+    class Pet(BaseModel):
+        kind: Literal["cat", "dog"]
+        age: conint(ge=0, le=30)
+
+    class Adopt(BaseModel):
+        name: constr(pattern=r"^[A-Z][a-z]{1,6}$")
+        pet: Pet
+        note: Optional[str] = None
+
+    tools = [{"type": "function", "function": {"name": "adopt", "parameters": Adopt.model_json_schema()}}]
+    constraint = ToolCalls(tools)
+    call = '<|tool_call>call:adopt{name:<|"|>Rex<|"|>,pet:{kind:<|"|>dog<|"|>,age:3},note:null}<tool_call|>'
+    assert re.fullmatch(constraint.to_regex(), call)
+    assert not re.fullmatch(constraint.to_regex(), call.replace("age:3", "age:31"))
+    ids = torch.randint(4, 99, (4, 6), generator=torch.Generator().manual_seed(0))
+    out = model.generate(ids, constraint=constraint, tokenizer=TOK, max_new_tokens=64, seed=0, **KW)
+    for text in answers(out, 6):
+        reply = parse_tool_calls(text, tools)
+        assert reply.tool_calls and not reply.invalid and reply.unfinished is None, text
+        Adopt.model_validate_json(reply.tool_calls[0]["function"]["arguments"])
+
+
+def test_the_last_check_of_an_answer():
+    """answer_check.py's check of a ToolCalls answer: the calls its mode promises, each valid."""
+    from diffusiongemma.constraints.tool_parse import tool_calls_problem
+
+    good = '<|tool_call>call:get_weather{city:<|"|>Rome<|"|>,days:2}<tool_call|>'
+    assert tool_calls_problem(good, ToolCalls(TOOLS)) is None
+    assert "invalid call" in tool_calls_problem(good.replace("days:2", "days:0"), ToolCalls(TOOLS))
+    assert "ends inside a call" in tool_calls_problem(good[:-3], ToolCalls(TOOLS))
+    assert "no call" in tool_calls_problem("just text", ToolCalls(TOOLS))
+    assert "holds a call" in tool_calls_problem(good, ToolCalls(TOOLS, tool_choice="none"))

@@ -12,7 +12,7 @@ from lm_eval.api.registry import get_model  # noqa: E402
 
 from diffusiongemma.evaluation import DiffusionGemmaLM, continuation_loglikelihood  # noqa: E402
 from diffusiongemma.evaluation.stops import StopStringsInCanvas, cut_at_stop_strings  # noqa: E402
-from tests.conftest import tiny_config, tiny_model, tiny_tokenizer  # noqa: E402
+from conftest import tiny_config, tiny_model, tiny_tokenizer  # noqa: E402
 
 L = 8
 
@@ -132,7 +132,7 @@ def test_peft_adapter_is_merged(folder, tmp_path):
 
 
 def test_quantized_folder_loads_compressed(tmp_path):
-    from tests.quantization.ct_checkpoint import REGEX_IGNORE, write_compressed_checkpoint
+    from quantization.ct_checkpoint import REGEX_IGNORE, write_compressed_checkpoint
 
     base = tiny_model(tiny_config(canvas_length=L, num_hidden_layers=2,
                                   layer_types=["sliding_attention", "full_attention"]))

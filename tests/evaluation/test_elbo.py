@@ -12,7 +12,7 @@ from diffusiongemma.evaluation.elbo import (continuation_labels, continuation_lo
 from diffusiongemma.training import CanvasNoise, block_diffusion_loss
 from diffusiongemma.training.canvases import clean_response
 from diffusiongemma.training.loss import T_MIN
-from tests.conftest import tiny_config, tiny_model
+from conftest import tiny_config, tiny_model
 
 V, L = 6, 2  # 2 canvases of 2 tokens over 6 tokens: 6^4 = 1296 corruptions, one forward
 

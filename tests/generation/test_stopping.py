@@ -4,7 +4,8 @@ when the reference's S-canvas history would (spec D.5)."""
 import pytest
 import torch
 
-from diffusiongemma.generation.stopping import StableAndConfidentStopper, StableAndConfidentStopperConfig
+from diffusiongemma.generation.stopping import StableAndConfidentStopper
+from diffusiongemma.generation.stopping import StableAndConfidentStopperConfig as Settings
 
 
 def history_stops(canvases: list[torch.Tensor], S: int) -> list[list[bool]]:
@@ -25,7 +26,7 @@ def test_run_length_state_equals_the_history_rule(S):
         change = torch.rand(B, generator=g) < 0.35
         c = torch.where(change[:, None], torch.randint(0, 3, (B, L), generator=g), c)
         canvases.append(c)
-    stopper = StableAndConfidentStopper(StableAndConfidentStopperConfig(S, confidence_threshold=1.0))
+    stopper = StableAndConfidentStopper(Settings(S, confidence_threshold=1.0))
     state = stopper.init_state(B, L, torch.device("cpu"))
     entropy = torch.zeros(B, L)  # always confident: only stability decides
     got = []
@@ -36,8 +37,9 @@ def test_run_length_state_equals_the_history_rule(S):
 
 
 def test_state_does_not_grow_with_the_threshold():
-    small = StableAndConfidentStopper(StableAndConfidentStopperConfig(1, 0.1)).init_state(2, 16, torch.device("cpu"))
-    huge = StableAndConfidentStopper(StableAndConfidentStopperConfig(100_000, 0.1)).init_state(2, 16, torch.device("cpu"))
+    small = StableAndConfidentStopper(Settings(1, 0.1)).init_state(2, 16, torch.device("cpu"))
+    huge = StableAndConfidentStopper(Settings(100_000, 0.1)).init_state(2, 16, torch.device("cpu"))
     assert small.shape == huge.shape == (2, 17)
-    stop, _ = StableAndConfidentStopper(StableAndConfidentStopperConfig(100_000, 1.0))(torch.zeros(2, 16, dtype=torch.long), torch.zeros(2, 16), huge)
+    stopper = StableAndConfidentStopper(Settings(100_000, 1.0))
+    stop, _ = stopper(torch.zeros(2, 16, dtype=torch.long), torch.zeros(2, 16), huge)
     assert not stop.any()

@@ -43,7 +43,8 @@ BASE = DiffusionGemmaGenerationConfig(eos_token_id=None, pad_token_id=0)
      dataclasses.replace(sampler_preset("confidence-threshold"), threshold=0.8)),
     ({"sampler_preset": "discrete-ddim", "corrector_steps": 1},
      dataclasses.replace(sampler_preset("discrete-ddim"), corrector_steps=1)),
-    ({"sampler": "block-refinement", "sampler_settings": {"threshold": 0.9}}, BlockRefinementSamplerConfig(threshold=0.9)),
+    ({"sampler": "block-refinement", "sampler_settings": {"threshold": 0.9}},
+     BlockRefinementSamplerConfig(threshold=0.9)),
     ({"sampler_settings": {"entropy_bound": 0.2}}, EntropyBoundSamplerConfig(entropy_bound=0.2)),
 ])
 def test_request_picks_the_sampler(body, expected):

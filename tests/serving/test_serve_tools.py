@@ -56,16 +56,20 @@ def test_calls_validate_streamed_and_not(live, choice, names):
                                                max_tokens=64)
         assert reply.choices[0].finish_reason == "tool_calls"
         check_calls(reply.choices[0].message.tool_calls, names)
-    calls, finish = {}, None
+    calls, finish, deltas = {}, None, []
     for chunk in client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice=choice, seed=7,
                                                 max_tokens=64, stream=True):
         for choice_ in chunk.choices:
             finish = choice_.finish_reason or finish
             for delta in choice_.delta.tool_calls or []:  # OpenAI's deltas: index, then id/name, argument pieces
+                deltas.append(delta)
                 call = calls.setdefault(delta.index, {"id": delta.id, "name": "", "arguments": ""})
                 call["name"] += delta.function.name or ""
                 call["arguments"] += delta.function.arguments or ""
     assert finish == "tool_calls" and list(calls) == list(range(len(calls)))
+    firsts = [d for d in deltas if d.id is not None]
+    assert len(firsts) == len(calls) and all(d.function.name and d.function.arguments == "" for d in firsts)
+    assert all(d.function.name is None and d.function.arguments for d in deltas if d.id is None)
     for call in calls.values():
         assert call["id"] and (names is None or call["name"] in names)
         jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
@@ -161,3 +165,16 @@ def test_chat_cli_refuses_bad_tools(tmp_path, capsys, content, extra, message):
         path.write_text(content)
     assert main(["chat", "--url", "http://127.0.0.1:9", "--tools", str(path), "--prompt", "hi", *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_template_without_tools_is_refused():
+    """The model must see the tools: a chat template that never renders them is a 400 naming `tools`."""
+    from conftest import tiny_tokenizer
+
+    from diffusiongemma.serving.settings import BadRequestField
+    from diffusiongemma.serving.tools import ToolCallReader
+
+    reader = ToolCallReader(None, [])
+    with pytest.raises(BadRequestField, match="does not render tools") as caught:
+        reader.bind(tiny_tokenizer(), None)
+    assert caught.value.field == "tools"

@@ -140,3 +140,14 @@ def test_the_loss_guard_itself(folder, tmp_path):
                          train_dataset=[{"x": torch.ones(1)}] * 4)
     with pytest.raises(NonFiniteLossError, match="the training loss is nan at step 1"):
         trainer.train()
+
+
+@pytest.mark.parametrize("weight", [float("nan"), float("inf"), -50.0])
+def test_a_bad_ar_loss_weight_in_the_config_is_refused_by_the_loss(weight):
+    """The Trainer path without `train sft`: `config.ar_loss_weight` is checked where the loss uses it."""
+    import torch
+
+    model = tiny_model().train()
+    model.config.ar_loss_weight = weight
+    with pytest.raises(ValueError, match=r"config.ar_loss_weight.* must be a finite number >= 0"):
+        model(input_ids=torch.tensor([[5, 6, 7]]), labels=torch.randint(4, 100, (1, 16)))
