@@ -297,16 +297,15 @@ def test_serve_with_the_symmetric_window_is_reported_as_such(served, capsys):
                  "--max-tokens", "82"]) == 1
     table = capsys.readouterr().out
     assert "the server declares decoder_window 'symmetric'" in table and "FAIL" in table
-    # the agreeing runs: this copy's answers are not all fixed points (SE ~0.14, minimum detectable difference ~0.8
-    # nats), so they pass only against a --max-detectable that large; by default they are inconclusive (exit 3)
-    code, summary = compare(model, url, prompts, capsys, "--samples", "4", "--decoder-window", "symmetric",
-                            "--max-detectable", "2")
+    # the agreeing runs: this copy's answers are far from all fixed points (measured SE 0.14 and 0.63 nats, Welch df
+    # about 3 to 20), so 4 puzzles x 4 samples cannot detect 0.25 nats: not worse, and pass (exit 0) or, with too
+    # little power, inconclusive (exit 3), never a fail
+    code, summary = compare(model, url, prompts, capsys, "--samples", "4", "--decoder-window", "symmetric")
     assert summary["decoder_window"] == {"engine": "symmetric", "reference": "symmetric"}
-    assert code == 0 and summary["passed"], summary["logprob_difference"]
-    code, summary = compare(model, served["urls"]["window64-reference"], prompts, capsys, "--samples", "4",
-                            "--max-detectable", "2")
+    assert code in (0, 3) and summary["verdict"] != "fail", summary["logprob_difference"]
+    code, summary = compare(model, served["urls"]["window64-reference"], prompts, capsys, "--samples", "4")
     assert summary["decoder_window"] == {"engine": "reference", "reference": "reference"}
-    assert code == 0 and summary["passed"], summary["logprob_difference"]
+    assert code in (0, 3) and summary["verdict"] != "fail", summary["logprob_difference"]
 
 
 def test_returned_logprobs_name_the_ids_and_are_set_beside_the_reference(served, stub, capsys):
