@@ -2,7 +2,7 @@
 
     diffusiongemma trace --model PATH (--prompt TEXT | --prompts FILE) --out DIR [--seed S] [--top-k K] ...
     diffusiongemma compare --model PATH --trace DIR [--json] [--min-top1 X] [--max-kl X]     exit 0 / 1 / 2
-    diffusiongemma compare --model PATH --engine-url URL --prompts FILE [--chat] [--samples N] ...  exit 0 / 1 / 2
+    diffusiongemma compare --model PATH --engine-url URL --prompts FILE [--chat] [--samples N] ...  exit 0 / 1 / 2 / 3
     diffusiongemma golden --model PATH --prompts FILE --out FILE.jsonl [--seed S]
     diffusiongemma golden --check FILE.jsonl --model PATH [--seed S]                         exit 0 / 1
 """
@@ -61,11 +61,28 @@ def _load(args):
 
 
 def read_prompts(path) -> list[str]:
-    """One prompt per line (blank lines skipped); a `.jsonl` file holds objects with a "prompt" field."""
+    """One prompt per line (blank lines skipped); a `.jsonl` file holds objects with a non-empty string "prompt".
+
+    Raises:
+        ValueError: naming the file and line of a line that is not such an object.
+    """
     text = Path(path).read_text()
-    if str(path).endswith(".jsonl"):
-        return [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
-    return [line for line in text.splitlines() if line.strip()]
+    if not str(path).endswith(".jsonl"):
+        return [line for line in text.splitlines() if line.strip()]
+    prompts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{number}: not JSON ({e})") from None
+        prompt = row.get("prompt") if isinstance(row, dict) else None
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"{path}:{number}: expected an object with a non-empty string \"prompt\", got "
+                             f"{line.strip()[:80]}")
+        prompts.append(prompt)
+    return prompts
 
 
 def _model_args(p) -> None:
@@ -125,6 +142,25 @@ def add_accuracy_commands(subparsers) -> None:
 
     add_engine_arguments(p)
     p.set_defaults(func=run_compare)
+
+    p = subparsers.add_parser("kl", help="KL divergence of a checkpoint from its base on the base's own trajectories; "
+                                         "exit 0, 1 past a --max-*/--min-* threshold, 2 on bad input",
+                              description="The base generates; both models replay its steps teacher-forced; their "
+                                          "distributions are compared at every denoising position.")
+    p.add_argument("--base", required=True, help="the base checkpoint folder (it generates)")
+    p.add_argument("--model", required=True, help="the checkpoint to judge (quantized, ported, ...)")
+    p.add_argument("--prompts", required=True, help="prompts file (one per line, or .jsonl with a \"prompt\" field)")
+    p.add_argument("--samples", type=_positive_int, default=1, help="generations per prompt, seeds 0.. (default 1)")
+    p.add_argument("--max-tokens", type=_positive_int, default=None, help="new tokens per generation (whole canvases)")
+    p.add_argument("--steps", type=steps_arg, default=None, help="max denoising steps per canvas")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--max-kl-mean", type=_non_negative, default=None, help="exit 1 when kl_mean exceeds this")
+    p.add_argument("--max-kl-99", type=_non_negative, default=None, help="exit 1 when the 99th KL percentile exceeds")
+    p.add_argument("--min-top1", type=_fraction, default=None, help="exit 1 when top1_agreement is below this")
+    p.add_argument("--max-dp-rms", type=_non_negative, default=None, help="exit 1 when dp_rms exceeds this")
+    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 or auto")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.set_defaults(func=run_kl)
 
     p = subparsers.add_parser("golden", help="write golden outputs for another engine's CI, or --check them",
                               description="Reference-mode tokens, text, steps per canvas, tokens per forward and "
@@ -244,6 +280,67 @@ def trace_checks(trace, model, args) -> dict:
                                           ("sc_embedding", args.sc_embedding_tol), ("near_tie", args.near_tie),
                                           ("renoise_sigmas", args.renoise_sigmas)) if v is not None})
     return run_checks(trace, recorded_sampler_config(trace.manifest), stopper, tol)
+
+
+def run_kl(args) -> int:
+    """`diffusiongemma kl` (accuracy/kl.py)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from ..cli_types import dtype_arg
+    from ..model import DiffusionGemmaForBlockDiffusion
+    from .kl import format_kl, positions_of, summarize_kl
+
+    try:
+        prompts = read_prompts(args.prompts)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: --prompts {args.prompts}: {e}", file=sys.stderr)
+        return 2
+    if not prompts:
+        print(f"error: --prompts {args.prompts} holds no prompts", file=sys.stderr)
+        return 2
+    models = []
+    for flag, path in (("--base", args.base), ("--model", args.model)):
+        try:
+            models.append(DiffusionGemmaForBlockDiffusion.from_pretrained(path, dtype=dtype_arg(args.dtype))
+                          .to(args.device).eval())
+        except (OSError, ValueError) as e:
+            print(f"error: {flag} {path}: {e}", file=sys.stderr)
+            return 2
+    base, other = models
+    for what, a, b in (("vocab_size", base.config.text_config.vocab_size, other.config.text_config.vocab_size),
+                       ("canvas_length", base.canvas_length, other.canvas_length),
+                       ("hidden_size", base.config.text_config.hidden_size, other.config.text_config.hidden_size)):
+        if a != b:
+            print(f"error: --base has {what} {a}, --model {b}: not the same architecture", file=sys.stderr)
+            return 2
+    tokenizer = AutoTokenizer.from_pretrained(args.base)
+    tokenizer.padding_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    overrides = {k: v for k, v in (("max_new_tokens", args.max_tokens), ("max_denoising_steps", args.steps))
+                 if v is not None}
+    parts = []
+    for sample in range(args.samples):
+        torch.manual_seed(sample)
+        trace = base.generate(enc["input_ids"].to(args.device), attention_mask=enc["attention_mask"].to(args.device),
+                              return_trace=True, trace_top_k=1, trace_sc_embedding=True, **overrides).trace
+        parts.append(positions_of(base, other, trace))
+    try:
+        report = summarize_kl(parts)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    limits = {"max_kl_mean": (args.max_kl_mean, report["kl_mean"], "above"),
+              "max_kl_99": (args.max_kl_99, report["kl_quantiles"]["99"], "above"),
+              "min_top1": (args.min_top1, report["top1_agreement"], "below"),
+              "max_dp_rms": (args.max_dp_rms, report["dp_rms"], "above")}
+    failed = [name for name, (limit, value, side) in limits.items() if limit is not None and value is not None
+              and (value > limit if side == "above" else value < limit)]
+    report["failed_thresholds"] = failed
+    report["passed"] = not failed
+    print(json.dumps(report, indent=2) if args.json else format_kl(report) + "\n"
+          + ("PASS" if not failed else f"FAIL: {', '.join(failed)}"))
+    return 0 if not failed else 1
 
 
 def run_golden(args) -> int:

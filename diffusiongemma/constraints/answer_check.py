@@ -53,6 +53,11 @@ def schema_problem(text: str, constraint: JsonSchema) -> str | None:
     return f"the answer fails the schema at answer{place}: {error.message}"
 
 
+def spelled_text(automaton: TokenAutomaton, ids: list[int]) -> str:
+    """The text the automaton read for `ids`: their bytes joined (an unfinished character as U+FFFD)."""
+    return b"".join(automaton.spelled[t] or b"" for t in ids).decode("utf-8", errors="replace")
+
+
 def answer_problem(automaton: TokenAutomaton, tokenizer, tokens: list[int], complete: bool) -> str | None:
     """Why an answer the automaton accepted is not valid as text, or None.
 
@@ -64,7 +69,7 @@ def answer_problem(automaton: TokenAutomaton, tokenizer, tokens: list[int], comp
     """
     ids = answer_ids(tokens, automaton.end_ids)
     text = tokenizer.decode(ids)  # an answer holds no special token but those its constraint spells (ToolCalls)
-    spelled = b"".join(automaton.spelled[t] or b"" for t in ids).decode("utf-8", errors="replace")
+    spelled = spelled_text(automaton, ids)
     if text != spelled:
         return (f"{automaton.description}: decode() gives {text[:80]!r} where the tokens spell {spelled[:80]!r}, so "
                 f"the text does not match the constraint {BUG}")
@@ -79,6 +84,12 @@ def answer_problem(automaton: TokenAutomaton, tokenizer, tokens: list[int], comp
     return None
 
 
+def ended_early(automaton: TokenAutomaton) -> str:
+    """Why an answer that reached EOS or padding is not complete."""
+    return (f"the {automaton.description} answer ended before it was complete: the `logits_processor`s banned every "
+            f"token the constraint allowed next (or a stopping criterion ended it)")
+
+
 def check_answers(automaton: TokenAutomaton, tokenizer, answers, complete) -> tuple[list[bool], list[str | None]]:
     """Each row's verdict: (truncated: not a whole valid answer; why, None where it is one).
 
@@ -91,8 +102,7 @@ def check_answers(automaton: TokenAutomaton, tokenizer, answers, complete) -> tu
         why = answer_problem(automaton, tokenizer, row, whole)
         if why is None and not whole:
             if len(answer_ids(row, automaton.end_ids)) < len(row):
-                why = (f"the {automaton.description} answer ended before it was complete: the `logits_processor`s "
-                       f"banned every token the constraint allowed next (or a stopping criterion ended it)")
+                why = ended_early(automaton)
             else:
                 why = f"max_new_tokens ran out before the {automaton.description} answer was complete"
         truncated.append(why is not None)

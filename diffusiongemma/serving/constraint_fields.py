@@ -1,15 +1,21 @@
 """A request's constraint: OpenAI's `response_format` (`json_schema`, `json_object`, `text`) or the extra `regex`
-field, read and checked (a bad one is a 400 naming its field), then compiled over the server's tokenizer.
+field, read and checked (a bad one is a 400 naming its field), then compiled over the server's tokenizer in a worker
+thread (`compile_off_loop`: the event loop keeps serving), within the compile budget, and cached.
 
     {"response_format": {"type": "json_schema", "json_schema": {"name": "pet", "schema": {...}}}}
     {"response_format": {"type": "json_object"}}      any JSON object
     {"regex": "[0-9]{3}-[0-9]{4}"}                     (extra body field)
 """
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
 from ..constraints import ConstraintError, JsonSchema, Regex, compile_constraint
 from .settings import BadRequestField
 
 FORMAT_TYPES = ("text", "json_object", "json_schema")
+# the threads that wait for compilations (each runs in a child process within its budget: constraints/budget.py)
+COMPILER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="constraint-compile")
 
 
 def request_constraint(body: dict) -> tuple[object, str | None]:
@@ -54,6 +60,15 @@ def read_constraint(body: dict) -> tuple[object, str | None]:
         return JsonSchema(spec["schema"]), "response_format"
     except ConstraintError as error:
         raise BadRequestField("response_format", str(error)) from None
+
+
+async def compile_off_loop(settings, tokenizer, vocab_size: int):
+    """`compiled_constraint` in a worker thread, so the event loop keeps serving while a schema compiles (up to the
+    compile budget: 60 s, 4 GiB by default)."""
+    if settings.constraint is None:
+        return None
+    return await asyncio.get_running_loop().run_in_executor(COMPILER, compiled_constraint, settings, tokenizer,
+                                                            vocab_size)
 
 
 def compiled_constraint(settings, tokenizer, vocab_size: int):

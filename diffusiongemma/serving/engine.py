@@ -20,7 +20,7 @@ from transformers.cli.serving.utils import BaseGenerateManager, GenerationState,
 from .constraint_fields import compiled_constraint
 from .scheduler import Job, ServingScheduler
 from .settings import RequestSettings, check_length
-from .streamer import DraftText, RowStreamer
+from .streamer import AnswerFailed, ConstrainedAnswerError, DraftText, RowStreamer
 
 
 class DiffusionModelManager(ModelManager):
@@ -119,6 +119,8 @@ class DiffusionGenerateManager(BaseGenerateManager):
         pieces = []
         try:
             while (item := await queue.get()) is not None:
+                if isinstance(item, AnswerFailed):
+                    raise ConstrainedAnswerError(item.message)
                 if isinstance(item, _StreamError):
                     raise RuntimeError(item.msg)
                 if isinstance(item, str) and not isinstance(item, DraftText):  # content (tool calls: tools.py)

@@ -32,9 +32,10 @@ from transformers.cli.serving.completion import CompletionHandler, TransformersT
 
 from .logprobs import LogprobText, chat_logprobs, completion_logprobs, requested_top
 from .request_checks import check_chat_body, check_completion_body
-from .constraint_fields import request_constraint
+from .constraint_fields import compile_off_loop, request_constraint
 from .scheduler import QueueFull
 from .settings import BadRequestField, request_settings
+from .streamer import ConstrainedAnswerError
 from .drafts import DraftText, with_draft
 from .tools import ToolsHandlerMixin, with_tool_calls
 
@@ -56,7 +57,8 @@ class DiffusionSettingFields(TypedDict, total=False):
     sampler: str
     sampler_preset: str  # a named preset (generation/sampler_presets.py)
     sampler_settings: dict  # any sampler's settings in one object, plug-ins included
-    stopper_settings: dict  # a plug-in stopper's settings (stopper_request.py)
+    stopper: str  # a registered plug-in stopper, or "stable-and-confident" (stopper_request.py)
+    stopper_settings: dict  # a plug-in stopper's settings
     threshold: float
     editing_threshold: float
     greedy: bool
@@ -120,6 +122,16 @@ class DiffusionHandlerMixin:
     def _validate_request(self, body: dict) -> None:
         super()._validate_request(body)  # unknown fields: 422
         self.check_body(body)  # unsupported fields, malformed messages/prompt/stream: 400
+
+    async def handle_request(self, body: dict, request_id: str):
+        if any(body.get(k) is not None for k in ("response_format", "regex", "tools")):
+            # compile the constraint in a worker (the event loop keeps serving); the submission finds it cached
+            self._validate_request(body)
+            _, model, processor = self._resolve_model(body)
+            settings = self._build_generation_config(body, model.generation_config)
+            await compile_off_loop(settings, getattr(processor, "tokenizer", processor),
+                                   model.config.text_config.vocab_size)  # else 400
+        return await super().handle_request(body, request_id)
 
     def _resolve_model(self, body: dict):
         # transformers serve names the model `ID@main` in its responses: that id is this model too
@@ -211,7 +223,8 @@ def openai_error(status: int, message: str, kind: str, param: str | None = None)
 
 
 def add_error_handlers(app) -> None:
-    """A bad field: 400 naming it; a full queue: 429."""
+    """A bad field: 400 naming it; a full queue: 429; a constrained answer that failed its final check: 500 naming
+    why."""
 
     @app.exception_handler(BadRequestField)
     async def bad_field(_request, error: BadRequestField):
@@ -220,3 +233,7 @@ def add_error_handlers(app) -> None:
     @app.exception_handler(QueueFull)
     async def queue_full(_request, error: QueueFull):
         return openai_error(429, f"server busy: {error}; retry later", "rate_limit_error")
+
+    @app.exception_handler(ConstrainedAnswerError)
+    async def answer_failed(_request, error: ConstrainedAnswerError):
+        return openai_error(500, f"the constrained answer is not valid: {error}", "server_error")

@@ -4,7 +4,8 @@ Standard fields: `max_tokens` (chat also `max_completion_tokens`), `stop`, `seed
 client sends them with `extra_body=`): the diffusion settings `max_denoising_steps`, `entropy_bound`, `t_min`, `t_max`,
 `stability_threshold`, `confidence_threshold`, `sampling`, and the draft fields (`stream_drafts`, `draft_confidence`,
 `diffusion_frame`: drafts.py); `sampler` and its settings (`sampler_settings`, sampler_request.py);
-`stopper_settings` for a plug-in stopper (stopper_request.py). `temperature` and `top_p` are accepted
+`stopper` and `stopper_settings` for a plug-in
+stopper (stopper_request.py). `temperature` and `top_p` are accepted
 and reported unused once (block diffusion follows its own temperature schedule), as `generate` does.
 
 Every range check is the generation config's (`generation_config.validate_field`), applied one field at a time so

@@ -12,15 +12,37 @@ The response holds at most `max_new_tokens` tokens and ends at the first EOS; a 
 before it is kept, and `generated`, which the usage and `finish_reason` count, keeps only the tokens whose text lies
 wholly before it). Either way `abandoned` tells the scheduler to drop the row at the next step boundary, as does
 `cancel()` (a client that went away).
+
+A constrained response is checked when it ends (constraints/answer_check.py): the streamed text, the decoded text
+and, for a JSON schema, `jsonschema` must all accept it. If not, the stream ends with an error event naming why
+(a non-streamed request gets a 500 with it) instead of a finish_reason.
 """
 
+import json
+import logging
 import threading
 
-from transformers.cli.serving.utils import DirectStreamer, _GenerationCancelled, response_events_to_chunks
+from transformers.cli.serving.utils import (DirectStreamer, _GenerationCancelled, _StreamError,
+                                            response_events_to_chunks)
 
 from .drafts import DraftText
 from .logprobs import LogprobText
 from .settings import RequestSettings
+
+logger = logging.getLogger(__name__)
+
+
+class ConstrainedAnswerError(RuntimeError):
+    """A non-streamed constrained answer failed the final check: the server answers 500 with the reason."""
+
+
+class AnswerFailed(_StreamError):
+    """The end of a constrained response whose answer failed the final check. `message` is the reason; `msg` is it
+    JSON-escaped, since transformers serve writes `msg` between quotes into an SSE `error` event."""
+
+    def __init__(self, message: str):
+        super().__init__(json.dumps(message)[1:-1])
+        self.message = message
 
 
 class RowStreamer(DirectStreamer):
@@ -54,6 +76,7 @@ class RowStreamer(DirectStreamer):
         self._held = ""  # text held back: it may be the start of a stop string
         self._text_len = 0  # characters decoded from `generated` so far
         self._ends: list[int] = []  # per generated token: `_text_len` after it
+        self._streamed: list[str] = []  # every piece of text decoded, as the client receives it
         self._end_lock = threading.Lock()
         self.raise_on_cancel = False  # set when `model.generate` drives this streamer: raising aborts it
         self.scorer = None  # a `logprobs.CanvasScorer` when the request asked for logprobs
@@ -146,6 +169,7 @@ class RowStreamer(DirectStreamer):
             text = self._decode_stream.step(self._tokenizer, token)
             if text:
                 pieces.append(text)
+                self._streamed.append(text)
                 self._text_len += len(text)
             self._ends.append(self._text_len)
             if token in self.eos_ids:
@@ -187,7 +211,40 @@ class RowStreamer(DirectStreamer):
             self.ended = True
         self._emit(self._filter_stop("", final=True))
         self._complete_answer_is_a_stop()
+        problem = self._constrained_answer_problem()
+        if problem is not None:  # never a "stop" for an answer that is not valid as the client received it
+            logger.error(f"constrained answer refused: {problem}")
+            self._enqueue(AnswerFailed(problem))
+            self._enqueue(None)
+            return
         super().end()
+
+    def _constrained_answer_problem(self) -> str | None:
+        """Why a constrained answer that ended (EOS, pad) is not a whole valid one as the client received it (the
+        streamed text, the decoded text, the schema: constraints/answer_check.py), or None. An answer the budget
+        cut is not a problem: it ends with finish_reason "length"."""
+        automaton = self.settings.automaton
+        if automaton is None or self._cancelled.is_set() or not self.generated:
+            return None
+        import torch
+
+        from ..constraints.answer_check import answer_ids, answer_problem, ended_early, spelled_text
+
+        tokens = torch.tensor([self.generated], device=automaton.token_class.device)
+        start = torch.tensor([automaton.initial], device=tokens.device)
+        complete = bool(automaton.complete(automaton.walk(start, tokens))[0])
+        problem = answer_problem(automaton, self.tokenizer, self.generated, complete)
+        if problem is not None:
+            return problem
+        ids = answer_ids(self.generated, automaton.end_ids)
+        if not complete and len(ids) < len(self.generated):
+            return ended_early(automaton)
+        streamed, spelled = "".join(self._streamed), spelled_text(automaton, ids)
+        if streamed != spelled and not getattr(automaton.constraint, "special_texts", ()):  # (ToolCalls' special
+            # tokens are skipped by the stream's decoder and read by the tools parser instead: serving/tools.py)
+            return (f"{automaton.description}: the streamed text {streamed[:80]!r} differs from the text the tokens "
+                    f"spell {spelled[:80]!r} (a bug of diffusiongemma's constrained decoding: please report it)")
+        return None
 
     def _complete_answer_is_a_stop(self) -> None:
         """transformers serve answers finish_reason "length" when the response holds `max_new_tokens` tokens. A

@@ -53,3 +53,14 @@ def test_elbo_prefers_the_correct_grid(lm):
         scores = [r[0][0] for r in sample["resps"]]
         gold = sample["doc"]["gold"]
         assert max(range(len(scores)), key=scores.__getitem__) == gold
+
+
+def test_simple_evaluate_by_name_with_model_args():
+    """The registered name and a model_args string, as `lm_eval --model diffusiongemma --model_args ...` passes them."""
+    out = lm_eval.simple_evaluate(
+        model="diffusiongemma", limit=2, tasks=["sudoku_solve"],
+        model_args=f"pretrained={DEMO_MODEL},dtype=float32,device=cpu,batch_size=2,max_denoising_steps=8,seed=0,"
+                   "sampler_preset=block-refinement",
+        task_manager=TaskManager(include_path=TASKS, include_defaults=False))
+    assert out["results"]["sudoku_solve"]["sample_len"] == 2
+    assert out["config"]["model"] == "diffusiongemma"

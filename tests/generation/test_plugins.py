@@ -257,6 +257,9 @@ def test_doc_plugins_serve_with_settings_per_request(model):
     ({"stopper_settings": {"max_entropy": "x"}}, "stopper_settings.max_entropy"),
     ({"stopper_settings": {"window": 2}}, "stopper_settings.window"),
     ({"stability_threshold": 2}, "stability_threshold"),  # the server runs the plug-in stopper
+    ({"stopper": "nope"}, "stopper"),
+    ({"stopper": 3}, "stopper"),
+    ({"stopper": "stable-and-confident", "stopper_settings": {"patience": 2}}, "stopper_settings"),
 ])
 def test_bad_plugin_settings_name_the_field(body, field):
     from diffusiongemma.serving.settings import BadRequestField
@@ -265,6 +268,16 @@ def test_bad_plugin_settings_name_the_field(body, field):
     with pytest.raises(BadRequestField) as error:
         request_settings(body, base)
     assert error.value.field == field and f"`{field}`" in str(error.value)
+
+
+def test_a_request_picks_its_stopper():
+    builtin = DiffusionGemmaGenerationConfig(eos_token_id=None, pad_token_id=0)
+    picked = request_settings({"stopper": "PatienceStopperConfig", "stopper_settings": {"patience": 4}}, builtin)
+    assert picked.config.stopper_config == StopperConfig(patience=4)
+    assert request_settings({"stopper": "PatienceStopperConfig"}, builtin).config.stopper_config == StopperConfig()
+    plugin = DiffusionGemmaGenerationConfig(eos_token_id=None, pad_token_id=0, stopper_config=StopperConfig(patience=5))
+    back = request_settings({"stopper": "stable-and-confident", "stability_threshold": 2}, plugin).config
+    assert back.stopper_config is None and back.stability_threshold == 2
 
 
 def test_stopper_settings_need_a_plugin_stopper():

@@ -5,6 +5,8 @@ a budget that runs out gives finish_reason "length"; a bad constraint is a 400 n
 import json
 import re
 import threading
+import time
+from unittest import mock
 
 import jsonschema
 import pytest
@@ -104,6 +106,11 @@ def test_budget_ran_out_is_length(live):
     ({"regex": 3}, "regex", "must be a string"),
     ({"regex": "a", "response_format": {"type": "json_object"}}, "regex", "not both"),
     ({"regex": "a+", "stop": ["x"]}, "stop", "cannot be combined with `regex`"),
+    ({"regex": "a^b"}, "regex", "anchor '^' at offset 1 is not supported"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"n": {"$ref": "#"}}}}}}, "response_format", "recursive $ref '#'"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "string", "const": 3}}}}, "response_format", "schema.const = 3 contradicts"),
 ])
 def test_bad_constraints_are_400_naming_the_field(live, extra, field, message):
     _, client, model = live
@@ -133,3 +140,60 @@ def test_constrained_plans_are_shared_then_forgotten(live):
         sched._plan(settings(f"b{{{i + 1}}}"))
     assert sched._plan(settings("a+")) is not first  # the oldest was forgotten
     assert len(sched._constrained) == scheduling.MAX_CONSTRAINED_PLANS
+
+
+def test_a_slow_schema_is_refused_without_holding_up_the_server(live):
+    # compiled in a worker (the event loop keeps answering) within a budget (here 2 s), refused with a 400 naming
+    # response_format, and the refusal cached: a retry answers at once
+    from diffusiongemma.constraints.budget import CompileBudget
+
+    _, client, model = live
+    slow = {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "string", "maxLength": 40}}}
+    caught = []
+
+    def send():
+        with pytest.raises(openai.BadRequestError) as error:
+            chat(client, model, 0, response_format=slow)
+        caught.append(error.value.body)
+
+    with mock.patch("diffusiongemma.constraints.automaton.DEFAULT_BUDGET", CompileBudget(2, 256 << 20)):
+        thread = threading.Thread(target=send)
+        thread.start()
+        time.sleep(0.3)
+        start = time.monotonic()
+        client.models.list()  # answered while the schema compiles
+        assert time.monotonic() - start < 1.5
+        thread.join(timeout=60)
+        assert caught[0]["param"] == "response_format" and "exceeds the budget of 2 s" in caught[0]["message"]
+        start = time.monotonic()
+        send()
+        assert time.monotonic() - start < 1.5
+
+
+def test_an_answer_failing_the_final_check_is_never_a_stop(live):
+    # a JSON answer the schema check rejects (the check made to fail here): non-streamed, a 500 naming why;
+    # streamed, an error event instead of a finish_reason
+    _, client, model = live
+    fmt = {"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "boolean"}}}
+    with mock.patch("diffusiongemma.constraints.answer_check.schema_problem", return_value='fails "X"'):
+        with pytest.raises(openai.InternalServerError) as caught:
+            chat(client, model, 0, max_tokens=16, response_format=fmt)
+        assert 'fails "X"' in caught.value.body["message"] and "a bug of diffusiongemma" in caught.value.body["message"]
+        with pytest.raises(openai.APIError) as caught:
+            list(chat(client, model, 0, max_tokens=16, response_format=fmt, stream=True))
+        assert 'fails "X"' in str(caught.value.body)
+    reply = chat(client, model, 0, max_tokens=16, response_format=fmt)  # the real check passes
+    assert reply.choices[0].finish_reason == "stop" and json.loads(reply.choices[0].message.content) in (True, False)
+
+
+def test_a_tokenizer_whose_decode_is_not_its_pieces_is_a_400(live):
+    served, client, model = live
+    backend = served.tokenizer.backend_tokenizer
+    decoder, backend.decoder = backend.decoder, None  # transformers now joins the pieces with spaces
+    try:
+        with pytest.raises(openai.BadRequestError) as caught:
+            chat(client, model, 0, extra_body={"regex": "(q|r)[0-9]z"})  # not compiled before
+    finally:
+        backend.decoder = decoder
+    assert caught.value.body["param"] == "regex"
+    assert "decode() is not the concatenation of its tokens' text" in caught.value.body["message"]

@@ -132,3 +132,21 @@ def test_bad_logprobs_requests_are_400s_naming_the_field(live, path, patch, para
     with pytest.raises(openai.BadRequestError) as error:
         post(client, path, body)
     assert error.value.body["param"] == param and words in error.value.body["message"]
+
+
+def test_a_stop_string_cuts_the_logprobs_with_the_text(live):
+    _, client, model = live["tiny"]
+    body = {"model": model, "messages": MESSAGES, "max_tokens": 24, "seed": 3, "logprobs": True}
+    whole = post(client, "/chat/completions", body)["choices"][0]
+    tokens = [c["token"] for c in whole["logprobs"]["content"]]
+    stop = tokens[len(tokens) // 2]  # a whole token: the answer ends right before it
+    cut = post(client, "/chat/completions", {**body, "stop": [stop]})["choices"][0]
+    content = cut["logprobs"]["content"]
+    assert cut["message"]["content"] == "".join(tokens)[: "".join(tokens).find(stop)]
+    assert "".join(c["token"] for c in content) == cut["message"]["content"]
+    assert [c["logprob"] for c in content] == [c["logprob"] for c in whole["logprobs"]["content"][: len(content)]]
+    streamed = []
+    for chunk in client.chat.completions.create(stream=True, **body, stop=[stop]):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            streamed += [c.token for c in chunk.choices[0].logprobs.content]
+    assert streamed == [c["token"] for c in content]
