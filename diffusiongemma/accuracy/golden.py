@@ -15,10 +15,17 @@ import torch
 FINGERPRINT_K = 4
 LOGPROB_TOLERANCE = 1e-3  # fingerprint log-probs are compared within this (they are rounded to 5 decimals)
 TOKENS_PER_FORWARD_TOLERANCE = 2e-6  # written rounded to 6 decimals
+TEMPERATURE_TOLERANCE = 2e-6  # written rounded to 6 decimals
+JUDGED = ("temperature", "stop", "commit")  # algorithm checks (accuracy/checks.py) run on every re-run
 
 
 def golden_record(model, tokenizer, prompt: str, seed: int, max_new_tokens: int | None, steps: int | None) -> dict:
     """One prompt's golden record in reference sampling mode (global RNG seeded with `seed`, batch of 1)."""
+    return golden_run(model, tokenizer, prompt, seed, max_new_tokens, steps)[0]
+
+
+def golden_run(model, tokenizer, prompt: str, seed: int, max_new_tokens: int | None, steps: int | None):
+    """(golden record, the run's trace)."""
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(next(model.parameters()).device)
     overrides = {}
     if max_new_tokens is not None:
@@ -30,6 +37,7 @@ def golden_record(model, tokenizer, prompt: str, seed: int, max_new_tokens: int 
     trace = out.trace
     new = out.sequences[0, ids.shape[1]:].tolist()
     first = trace.steps(0)[0]
+    temperature = trace.tensors["temperature"]
     return {
         "prompt": prompt,
         "seed": seed,
@@ -39,11 +47,14 @@ def golden_record(model, tokenizer, prompt: str, seed: int, max_new_tokens: int 
         "text": tokenizer.decode(new, skip_special_tokens=True),
         "steps_per_canvas": [len(trace.steps(c)) for c in range(trace.num_canvases)],
         "tokens_per_forward": round(float(out.tokens_per_forward[0]), 6),
+        # each canvas's temperature per step (the schedule an engine must follow; older files lack it)
+        "temperatures": [[round(float(temperature[r]), 6) for r in trace.steps(c).tolist()]
+                         for c in range(trace.num_canvases)],
         "fingerprint": {
             "ids": trace.tensors["topk_ids"][first, 0].tolist(),  # [L, k]
             "logprobs": [[round(x, 5) for x in row] for row in trace.tensors["topk_logprobs"][first, 0].tolist()],
         },
-    }
+    }, trace
 
 
 def write_golden(model, tokenizer, prompts: list[str], path, seed: int, max_new_tokens=None, steps=None) -> list:
@@ -93,6 +104,11 @@ def record_problem(record) -> str | None:
         return f"`steps_per_canvas` must be a non-empty list of positive ints, got {steps!r}"
     if not _is_number(record["tokens_per_forward"]) or record["tokens_per_forward"] <= 0:
         return f"`tokens_per_forward` must be a finite number > 0, got {record['tokens_per_forward']!r}"
+    temps = record.get("temperatures")
+    if temps is not None and (not isinstance(temps, list) or len(temps) != len(steps) or not all(
+            isinstance(t, list) and len(t) == n and all(_is_number(x) and x > 0 for x in t)
+            for t, n in zip(temps, steps))):
+        return "`temperatures` must hold, per canvas, one number > 0 per denoising step (`steps_per_canvas`)"
     fp = record["fingerprint"]
     if not isinstance(fp, dict) or not isinstance(fp.get("ids"), list) or not isinstance(fp.get("logprobs"), list):
         return "`fingerprint` must be an object with `ids` and `logprobs` lists"
@@ -144,6 +160,12 @@ def first_divergence(expected: dict, got: dict, tokenizer, L: int) -> str | None
         return f"length: expected {len(a)} new tokens, got {len(b)}"
     if expected["steps_per_canvas"] != got["steps_per_canvas"]:
         return f"denoising steps per canvas: expected {expected['steps_per_canvas']}, got {got['steps_per_canvas']}"
+    if expected.get("temperatures") is not None:
+        for c, (ta, tb) in enumerate(zip(expected["temperatures"], got["temperatures"])):
+            bad = [i for i, (x, y) in enumerate(zip(ta, tb)) if abs(x - y) > TEMPERATURE_TOLERANCE]
+            if bad:
+                return (f"temperature at canvas {c}, step {bad[0]}: expected {ta[bad[0]]}, got {tb[bad[0]]} "
+                        f"(schedules {ta} vs {tb})")
     if abs(expected["tokens_per_forward"] - got["tokens_per_forward"]) > TOKENS_PER_FORWARD_TOLERANCE:
         return f"tokens per forward: expected {expected['tokens_per_forward']}, got {got['tokens_per_forward']}"
     fa, fb = expected["fingerprint"], got["fingerprint"]
@@ -163,11 +185,22 @@ def first_divergence(expected: dict, got: dict, tokenizer, L: int) -> str | None
 def check_golden(model, tokenizer, path, seed: int | None = None) -> list[tuple[int, str]]:
     """Re-run every record of a golden file (with its own seed unless `seed` overrides it) -> [(record index,
     first divergence)] for the records that differ (empty when all agree)."""
+    from .checks import Tolerances, run_checks, stopper_from
+
     problems = []
     for i, expected in enumerate(read_golden(path)):
-        got = golden_record(model, tokenizer, expected["prompt"], expected["seed"] if seed is None else seed,
-                            expected.get("max_new_tokens"), expected.get("max_denoising_steps"))
+        got, trace = golden_run(model, tokenizer, expected["prompt"], expected["seed"] if seed is None else seed,
+                                expected.get("max_new_tokens"), expected.get("max_denoising_steps"))
         diff = first_divergence(expected, got, tokenizer, model.canvas_length)
+        if diff is None:  # the re-run itself must follow the rules: temperature schedule, stopping, commit
+            settings = trace.manifest.get("generation_config") or {}
+            stopper = None if settings.get("stopper_config") else stopper_from(settings)
+            results = run_checks(trace, None, stopper, Tolerances())
+            failed = [results[name].first for name in JUDGED if results[name].status == "fail"]
+            if failed:
+                f = failed[0]
+                diff = (f"check {f.check} at canvas {f.canvas}, step {f.step}, row {f.row}, position {f.position}: "
+                        f"{f.detail}")
         if diff is not None:
             problems.append((i, diff))
     return problems

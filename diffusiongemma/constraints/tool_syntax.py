@@ -38,6 +38,10 @@ def literal(text: str) -> str:
     return "".join("\\" + c if c in META else c for c in text)
 
 
+QUOTE_RE = literal(QUOTE)
+CUT = "(?!)"  # a $ref branch unrolled too deep: never a regex outlines-core sees (alternatives drop it)
+
+
 def gemma_literal(value) -> str:
     """A JSON value written in the call syntax (for `enum` and `const`)."""
     if isinstance(value, str):
@@ -64,8 +68,6 @@ def any_value(depth: int) -> str:
                     r"\{(?:" + KEY + ":" + inner + "(?:," + KEY + ":" + inner + r")*)?\}"]
     return alternatives(scalars)
 
-
-QUOTE_RE = literal(QUOTE)
 
 
 def string_regex(node: dict, where: str) -> str:
@@ -160,7 +162,7 @@ def value_regex(node, context: Context, where: str) -> str:
         ref = node["$ref"]
         depth = context.depth.get(ref, 0)
         if depth >= MAX_REF_DEPTH:
-            return "(?!)"  # marker of a branch cut off: removed by the caller's alternatives below
+            return CUT
         context.depth[ref] = depth + 1
         try:
             return value_regex(context.resolve(ref, where), context, f"{where}.$ref")
@@ -173,7 +175,7 @@ def value_regex(node, context: Context, where: str) -> str:
     for key in ("anyOf", "oneOf", "allOf"):
         if key in node:
             parts = [value_regex(sub, context, f"{where}.{key}[{i}]") for i, sub in enumerate(node[key])]
-            parts = [p for p in parts if "(?!)" not in p] or ["(?!)"]
+            parts = [p for p in parts if CUT not in p] or [CUT]
             return alternatives(parts)
     kinds = node.get("type")
     if kinds is None:
@@ -202,7 +204,7 @@ def value_regex(node, context: Context, where: str) -> str:
 def arguments_regex(parameters: dict, where: str) -> str:
     """The `{...}` of one function's call, from its `parameters` schema (already checked by `JsonSchema`)."""
     regex = value_regex(parameters, Context(parameters), where)
-    if "(?!)" in regex:
+    if CUT in regex:
         raise ConstraintError(f"JsonSchema: {where}: the recursive $ref leaves no finite value")
     return regex
 

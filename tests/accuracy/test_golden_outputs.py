@@ -94,3 +94,32 @@ def test_golden_out_is_not_replaced_without_overwrite(saved_pair, tmp_path, caps
     assert "pass --overwrite" in capsys.readouterr().err and golden.read_text() == "precious\n"
     assert main(args + ["--overwrite"]) == 0 and json.loads(golden.read_text())["prompt"] == "Hi"
     assert not list(tmp_path.glob(".golden.jsonl.tmp-*"))
+
+
+def test_golden_check_judges_the_temperature_schedule_and_the_reruns_stop(saved_pair, tmp_path, capsys, one_thread,
+                                                                           monkeypatch):
+    from diffusiongemma.accuracy import golden as golden_module
+
+    path = saved_pair[0]
+    (tmp_path / "prompts.txt").write_text("Hi\n")
+    golden = tmp_path / "golden.jsonl"
+    assert main(["golden", "--model", str(path), "--prompts", str(tmp_path / "prompts.txt"), "--out", str(golden),
+                 "--max-new-tokens", "16", "--steps", "3"]) == 0
+    record = json.loads(golden.read_text())
+    assert record["temperatures"] == [sorted(record["temperatures"][0], reverse=True)]  # n counts down
+    assert len(record["temperatures"][0]) == record["steps_per_canvas"][0]
+    tampered = dict(record, temperatures=[record["temperatures"][0][::-1]])  # a reversed schedule
+    (tmp_path / "reversed.jsonl").write_text(json.dumps(tampered) + "\n")
+    capsys.readouterr()
+    assert main(["golden", "--check", str(tmp_path / "reversed.jsonl"), "--model", str(path)]) == 1
+    assert "temperature at canvas 0, step 0" in capsys.readouterr().out
+    run = golden_module.golden_run
+
+    def stops_at_once(*args):  # a re-run whose trace says it stopped at step 0 (where the stopper cannot)
+        got, trace = run(*args)
+        trace.tensors["stopped"][0] = True
+        return got, trace
+
+    monkeypatch.setattr(golden_module, "golden_run", stops_at_once)
+    assert main(["golden", "--check", str(golden), "--model", str(path)]) == 1
+    assert "check stop at canvas 0, step 0, row 0" in capsys.readouterr().out
