@@ -361,9 +361,11 @@ def test_malformed_logprobs_exit_2_naming_the_field(served, stub, capsys, logpro
     assert code == 2 and message in compare.err and "prompt 0, sample 0" in compare.err
 
 
-def test_our_serve_refuses_logprobs_and_compare_says_so(served, capsys):
-    code, _ = compare(served["paths"]["sudoku"], served["urls"]["sudoku"], served["puzzles"], capsys, "--logprobs")
-    assert code == 2 and "HTTP 400" in compare.err and "logprobs" in compare.err
+def test_our_serve_reports_logprobs_and_compare_reads_them(served, capsys):
+    """Our server serves logprobs by the rule compare scores with (serving/logprobs.py): they read back equal."""
+    code, summary = compare(served["paths"]["sudoku"], served["urls"]["sudoku"], served["puzzles"], capsys, "--logprobs")
+    assert code == 0 and summary["tokens_from"] == "logprobs"
+    assert summary["reported_logprobs"]["mean_abs_difference"] < 1e-3
 
 
 def replies(*items):
