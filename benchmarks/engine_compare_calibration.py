@@ -3,7 +3,8 @@
 Serves a model on loopback with our own `serve` (in-process), then runs the comparison against the very same
 checkpoint `--runs` times, each with its own seeds (run i asks seeds 1000 i + s). The engine computes what the
 reference computes, so every failure is a false alarm. Prints the t statistics and p-values (p should be
-roughly uniform if the test is calibrated), the false alarm count, and the time per run.
+roughly uniform if the test is calibrated), the false alarm count, how many runs were inconclusive (their minimum
+detectable difference above the default --max-detectable) and the time per run.
 
     python benchmarks/engine_compare_calibration.py --runs 20                      # random tiny model (flat)
     python benchmarks/engine_compare_calibration.py --runs 10 --model sudoku       # the bundled Sudoku model
@@ -88,16 +89,20 @@ def main() -> int:
                 d = s["logprob_difference"]
                 rows.append({"run": i, "t": d["t"], "df": d["df"], "p": d["p_value"],
                              "p_beyond_margin": d["p_beyond_margin"], "difference": d["difference"],
-                             "passed": s["passed"],
+                             "detectable": d["detectable"], "verdict": s["verdict"],
                              "seconds": time.perf_counter() - start})
                 print(json.dumps(rows[-1]), flush=True)
         finally:
             server.stop()
             served.state.shutdown()
     zs = [r["t"] for r in rows if r["t"] is not None and math.isfinite(r["t"])]
-    alarms = sum(not r["passed"] for r in rows)
+    alarms = sum(r["verdict"] == "fail" for r in rows)
+    inconclusive = sum(r["verdict"] == "inconclusive" for r in rows)
     print(f"model {args.model}: {len(rows)} agreeing runs of {len(prompts)} prompts x {args.samples} samples: "
-          f"{alarms} false alarm(s); min p {min(r['p'] for r in rows):.2g}, min p beyond the margin "
+          f"{alarms} false alarm(s), {inconclusive} inconclusive (too little power), "
+          f"{len(rows) - alarms - inconclusive} pass(es); minimum detectable difference median "
+          f"{statistics.median(r['detectable'] for r in rows):.4f}, max {max(r['detectable'] for r in rows):.4f} "
+          f"nats; min p {min(r['p'] for r in rows):.2g}, min p beyond the margin "
           f"{min(r['p_beyond_margin'] for r in rows):.2g}, smallest d {min(r['difference'] for r in rows):+.4f}; "
           f"t mean {statistics.fmean(zs):+.3f}, sd "
           f"{statistics.stdev(zs) if len(zs) > 1 else float('nan'):.3f}, min {min(zs):+.3f}; "

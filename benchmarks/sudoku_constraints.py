@@ -48,7 +48,7 @@ def run(model, tokenizer, puzzles, batch_size, seed, constrained: bool, project_
     start = time.perf_counter()
     results = []
     guide = functools.partial(ConstraintGuide, project_canvas=project_canvas)
-    with mock.patch("diffusiongemma.generation.loop.ConstraintGuide", guide):
+    with mock.patch("diffusiongemma.generation.plan.ConstraintGuide", guide):
         for i in range(0, len(puzzles), batch_size):
             batch = puzzles[i : i + batch_size]
             if constrained:  # one regex per puzzle: one generate call per puzzle (a call takes one constraint)

@@ -38,9 +38,9 @@ class PipelineStaticCache(BlockDiffusionCache):
     mathematically, but they change how SDPA blocks its reduction, so in bf16 the rounding (and then the sampled
     tokens) differs from the exact view. This cache hands attention the same zero-padded buffer (the attention layer
     widens the mask to hide the padding, `masks.widen_mask`), so the pipeline gives the built-in's sequences bit for
-    bit with "static" too. The cached values and the semantics are ours: once a sliding window binds, the view starts
-    past slot 0 and is not padded (the built-in's static sliding layers then keep W slots where the reference keeps
-    W - 1, spec C.10, which is a difference of meaning, not of layout).
+    bit with "static" too. Used only when no sliding window is shorter than the static cache: the built-in's static
+    sliding layers keep W slots where the reference keeps W - 1 (spec C.10), a difference of meaning, so with a
+    shorter window `our_cache` keeps a plain cache and the run is the reference's dynamic one from the first pass.
 
     Args:
         shapes: the stack's layer shapes.
@@ -73,8 +73,12 @@ def our_cache(model, cache) -> BlockDiffusionCache:
         capacity = cache.get_max_length() if getattr(cache, "is_compileable", False) else None  # StaticCache
         if isinstance(capacity, int) and capacity > 0:  # reserve what it holds
             layers = getattr(cache, "layers", [])
-            if len(layers) == len(ours.shapes) and model.attention_backend != "flex":
-                ours = PipelineStaticCache(ours.shapes, [layer.get_max_length() for layer in layers])
+            slots = [layer.get_max_length() for layer in layers]
+            if len(layers) == len(ours.shapes) and model.attention_backend != "flex" and min(slots) >= capacity:
+                ours = PipelineStaticCache(ours.shapes, slots)
+            # else a sliding window shorter than the static cache: the window fills during the run, where the
+            # built-in's static run means something else (W slots, not W - 1); ours then runs exactly as with the
+            # dynamic cache, from the first pass, so its sequences are the reference's dynamic run's
             ours.reserve(capacity)
         setattr(cache, CACHE_ATTRIBUTE, ours)
         cache.get_seq_length = lambda layer_idx=0: ours.length  # what the pipeline reads to slice its input

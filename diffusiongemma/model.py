@@ -335,9 +335,39 @@ class DiffusionGemmaForBlockDiffusion(DiffusionGemmaPreTrainedModel):
         )
         return out if return_dict else out.to_tuple()  # like transformers' `can_return_tuple`: the non-None fields
 
-    def generate(self, input_ids: torch.LongTensor | None = None, **kwargs):
-        """Block-autoregressive denoising (spec D). See `diffusiongemma.generation.loop.generate` for arguments."""
-        return generate(self, input_ids, **kwargs)
+    def generate(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        generation_config=None,
+        streamer=None,
+        logits_processor=None,
+        stopping_criteria=None,
+        past_key_values: BlockDiffusionCache | None = None,
+        sampling: str | None = None,
+        seed: int | list[int] | None = None,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        batching: str | None = None,
+        max_batch_size: int | None = None,
+        compile: bool | dict = False,
+        batch_invariant: bool = False,
+        return_trace: bool = False,
+        trace_top_k: int = 8,
+        trace_sc_embedding: bool = False,
+        constraint=None,
+        tokenizer=None,
+        **kwargs,
+    ):
+        """Block-autoregressive denoising (spec D). Every argument is documented at
+        `diffusiongemma.generation.loop.generate`; `**kwargs` are generation config fields (`max_new_tokens`,
+        `max_denoising_steps`, `t_min`, ...), `decoder_input_ids`, `self_conditioning_logits` and the image inputs."""
+        return generate(
+            self, input_ids, attention_mask=attention_mask, generation_config=generation_config, streamer=streamer,
+            logits_processor=logits_processor, stopping_criteria=stopping_criteria, past_key_values=past_key_values,
+            sampling=sampling, seed=seed, generator=generator, batching=batching, max_batch_size=max_batch_size,
+            compile=compile, batch_invariant=batch_invariant, return_trace=return_trace, trace_top_k=trace_top_k,
+            trace_sc_embedding=trace_sc_embedding, constraint=constraint, tokenizer=tokenizer, **kwargs,
+        )
 
     @classmethod
     def can_generate(cls) -> bool:

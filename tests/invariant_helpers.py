@@ -27,7 +27,7 @@ class StepLog:
         self.rows = collections.defaultdict(list)
         inner = pool_module.denoise_rows
 
-        def denoise_rows(model, plan, rows):
+        def denoise_rows(model, plan, rows, keep_logits=False):
             out = inner(model, plan, rows, keep_logits=True)  # the tempered logits, kept (no other effect)
             for j, row_id in enumerate(rows.row_ids):
                 self.rows[row_id].append((rows.hidden[j].clone(), out.logits[j], out.entropy[j].clone(),

@@ -7,8 +7,10 @@ prompts.
 (in bf16, its sampled tokens); our `PipelineStaticCache` hands attention the same padded layout, so the sequences
 are equal bit for bit. transformers' StaticCache also keeps the last W cached tokens for sliding layers where its
 DynamicCache keeps W - 1 (spec C.10), so the built-in's own static and dynamic runs differ in meaning once the window
-binds; ours follows the dynamic (reference) semantics with either cache, and the static comparison uses a window
-the run never fills (`test_a_binding_window_under_static_follows_the_reference` pins what happens when it does).
+binds. When a sliding window is shorter than the pipeline's static cache, ours runs exactly as with the dynamic
+cache from the first pass, and its sequences are the built-in's dynamic (reference) run's bit for bit
+(`test_a_window_shorter_than_the_static_cache_gives_the_dynamic_run`); the layout comparison uses a window the run
+never fills.
 """
 
 import pytest
@@ -60,12 +62,12 @@ class PaddingProcessor:
         return getattr(self.tokenizer, name)
 
 
-def run(model, scheduler, cache, prompt=("hello", "world"), temperature=1.0):
+def run(model, scheduler, cache, prompt=("hello", "world"), temperature=1.0, seed=0):
     processor = PaddingProcessor() if len({len(p) for p in prompt}) > 1 else tiny_tokenizer()
     pipe = DiffusionGemmaPipeline(model=model, scheduler=scheduler, processor=processor)
     pipe.set_progress_bar_config(disable=True)
     return pipe(prompt=list(prompt), gen_length=32, num_inference_steps=4, temperature=temperature,
-                generator=torch.Generator().manual_seed(0), output_type="seq", cache_implementation=cache).sequences
+                generator=torch.Generator().manual_seed(seed), output_type="seq", cache_implementation=cache).sequences
 
 
 @pytest.mark.parametrize("name", SCHEDULERS)
@@ -104,12 +106,34 @@ def test_static_layout_is_what_makes_bf16_agree(models):
     assert not all(torch.equal(a, b) for a, b in zip(plain, theirs))
 
 
-def test_a_binding_window_under_static_follows_the_reference(models):
-    """Window 8 with "static": ours gives the same sequences as with the dynamic cache (the reference's W - 1
-    semantics), which the built-in's static run does not."""
-    builtin, ours = models(8, torch.float32)
-    name = "entropy-bound"
-    assert torch.equal(run(ours, SCHEDULERS[name](), "static"), run(builtin, SCHEDULERS[name](), None))
+@pytest.fixture(scope="module")
+def short_windows(tmp_path_factory):
+    """bf16 (built-in, ours) pairs whose sliding window is shorter than the canvas: (window, canvas) -> pair."""
+    return {(w, c): pair(tmp_path_factory.mktemp(f"short_{w}_{c}"), tiny_config(sliding_window=w, canvas_length=c),
+                         dtype=torch.bfloat16) for w, c in ((8, 16), (12, 16), (20, 32))}
+
+
+@pytest.mark.parametrize("name", SCHEDULERS)
+@pytest.mark.parametrize("shape", [(8, 16), (12, 16), (20, 32)], ids=lambda s: f"window{s[0]}-canvas{s[1]}")
+def test_a_window_shorter_than_the_static_cache_gives_the_dynamic_run(short_windows, name, shape):
+    """"static" with a sliding window shorter than the canvas (so than the static cache): ours gives the built-in's
+    dynamic run bit for bit, in bf16, for two seeds (the padded static layout in the passes before the window fills
+    made these differ: neither the built-in's static run nor its dynamic one)."""
+    builtin, ours = short_windows[shape]
+    for seed in (0, 1):
+        got = run(ours, SCHEDULERS[name](), "static", seed=seed)
+        assert torch.equal(got, run(builtin, SCHEDULERS[name](), None, seed=seed)), f"seed {seed}"
+
+
+def test_a_window_shorter_than_the_static_cache_keeps_a_plain_cache(models):
+    from transformers import StaticCache
+
+    from diffusiongemma.diffusers_views import PipelineStaticCache, our_cache
+
+    _, ours = models(8, torch.float32)
+    text = ours.config.get_text_config(decoder=True)
+    assert not isinstance(our_cache(ours, StaticCache(config=text, max_cache_len=50)), PipelineStaticCache)
+    assert isinstance(our_cache(ours, StaticCache(config=text, max_cache_len=8)), PipelineStaticCache)
 
 
 def test_greedy_pipeline_and_text_output(models):

@@ -2,7 +2,7 @@
 
     diffusiongemma trace --model PATH (--prompt TEXT | --prompts FILE) --out DIR [--seed S] [--top-k K] ...
     diffusiongemma compare --model PATH --trace DIR [--json] [--min-top1 X] [--max-kl X]     exit 0 / 1 / 2
-    diffusiongemma compare --model PATH --engine-url URL --prompts FILE [--chat] [--samples N] ...  exit 0 / 1 / 2
+    diffusiongemma compare --model PATH --engine-url URL --prompts FILE [--chat] [--samples N] ...  exit 0 / 1 / 2 / 3
     diffusiongemma golden --model PATH --prompts FILE --out FILE.jsonl [--seed S]
     diffusiongemma golden --check FILE.jsonl --model PATH [--seed S]                         exit 0 / 1
 """
@@ -61,11 +61,28 @@ def _load(args):
 
 
 def read_prompts(path) -> list[str]:
-    """One prompt per line (blank lines skipped); a `.jsonl` file holds objects with a "prompt" field."""
+    """One prompt per line (blank lines skipped); a `.jsonl` file holds objects with a non-empty string "prompt".
+
+    Raises:
+        ValueError: naming the file and line of a line that is not such an object.
+    """
     text = Path(path).read_text()
-    if str(path).endswith(".jsonl"):
-        return [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
-    return [line for line in text.splitlines() if line.strip()]
+    if not str(path).endswith(".jsonl"):
+        return [line for line in text.splitlines() if line.strip()]
+    prompts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{number}: not JSON ({e})") from None
+        prompt = row.get("prompt") if isinstance(row, dict) else None
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"{path}:{number}: expected an object with a non-empty string \"prompt\", got "
+                             f"{line.strip()[:80]}")
+        prompts.append(prompt)
+    return prompts
 
 
 def _model_args(p) -> None:

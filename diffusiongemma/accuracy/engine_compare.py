@@ -14,7 +14,14 @@ non-inferiority test of H0 "true d >= -MARGIN", one-sided p = P(T_df <= (d + MAR
 agreeing engine (true d = 0) then fails with probability well below ALPHA per run, including on models whose
 answers are all fixed points, where SE is near zero and the plain t = d / SE of a 5e-5-nat difference is -25
 (measured over repeated agreeing runs: benchmarks/engine_compare_calibration.py).
-Exit 2: the server is unreachable, refuses a request, or answers with something that is not an answer (named).
+
+A run that does not fail must also have had the power to fail: its minimum detectable difference (`detectable`,
+the smallest true engine deficit the test finds with probability `--power`, 0.8 by default) is MARGIN +
+(t_{1-ALPHA} + t_{power}) * SE at the run's df. Above `--max-detectable` (0.25 nats per token by default) the verdict
+is "inconclusive" (exit 3), never a pass: more prompts or samples shrink SE.
+Exit 2: the input is malformed (the URL, a prompt line, an option), the server is unreachable, refuses a request,
+or answers with something that is not an answer (named: a missing field, token ids that are not ids of this
+vocabulary, an empty answer that claims to have hit max_tokens, more tokens than max_tokens).
 
 Legend: P prompt length, L canvas length, C canvases of an answer, V vocab.
 """
@@ -26,12 +33,23 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .engine_client import Answer, EngineError, declared_window, engine_answers
+from .engine_client import REQUEST_TIMEOUT_S, Answer, EngineError, check_base_url, declared_window, engine_answers
 from .engine_logprobs import compare_reported, ids_of_tokens
-from .stats import stratified_test, t_cdf
+from .engine_table import format_engine_table
+from .engine_verdict import (  # noqa: F401 -- ALPHA, MARGIN, margin_p_value, verdict: the verdict's public names
+    ALPHA,
+    MARGIN,
+    MAX_DETECTABLE,
+    POWER,
+    detectable_difference,
+    margin_p_value,
+    side_summary,
+    stratified_difference,
+    verdict,
+    verdict_of,
+)
 
-ALPHA = 0.001  # one-sided false-alarm probability of the t-test for an agreeing engine
-MARGIN = 0.02  # nats per token: differences below this are rounding (bf16 engines), never a failure
+EXIT_INCONCLUSIVE = 3
 
 
 @dataclass
@@ -48,12 +66,39 @@ class AnswerScore:
     token_logprobs: list[float] = field(default_factory=list, repr=False)  # per scored token (not in the JSON)
 
 
+def _positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def _probability(text: str) -> float:
+    """argparse type for --power: a number strictly between 0.5 and 1."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0.5, 1), got {text!r}") from None
+    if not 0.5 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0.5, 1), got {text!r}")
+    return value
+
+
 def add_engine_arguments(p) -> None:
     """The `--engine-url` mode's options of `compare`."""
     p.add_argument("--engine-url", default=None,
                    help="check a running OpenAI-compatible server instead of a trace: its /v1 base URL, e.g. "
                         "http://127.0.0.1:8000/v1 (needs --prompts; exit 1 when its answers are significantly less "
-                        "likely under the reference, 2 when it cannot be asked)")
+                        "likely under the reference, 2 when it cannot be asked, 3 when the run has too little power to "
+                        "call it a pass)")
     p.add_argument("--prompts", default=None, help="--engine-url: prompts file, one per line (or .jsonl `prompt`)")
     p.add_argument("--chat", action="store_true", help="--engine-url: ask /chat/completions (one user message)")
     p.add_argument("--samples", type=int, default=4, help="--engine-url: answers per prompt and side (default 4)")
@@ -62,6 +107,15 @@ def add_engine_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="--engine-url: seed of sample s is seed + s (default 0)")
     p.add_argument("--served-model", default=None, help="--engine-url: model name to request (default: the first "
                                                         "of the server's /models)")
+    p.add_argument("--request-timeout", type=_positive_float, default=REQUEST_TIMEOUT_S,
+                   help=f"--engine-url: total seconds one request may take, connect to last byte (default "
+                        f"{REQUEST_TIMEOUT_S:g}); a server that trickles bytes is cut off after it (exit 2)")
+    p.add_argument("--power", type=_probability, default=POWER,
+                   help=f"--engine-url: the power at which the minimum detectable difference is stated (default "
+                        f"{POWER})")
+    p.add_argument("--max-detectable", type=_positive_float, default=MAX_DETECTABLE,
+                   help=f"--engine-url: a run whose minimum detectable difference exceeds this many nats per token "
+                        f"is inconclusive, exit {EXIT_INCONCLUSIVE}, not a pass (default {MAX_DETECTABLE})")
     p.add_argument("--logprobs", action="store_true",
                    help="--engine-url: ask for the log-probability of every generated token (completions "
                         "logprobs: 1, chat logprobs: true); the tokens then name the answer's ids and the values are "
@@ -110,10 +164,17 @@ def answer_tokens(tokenizer, answer: Answer, use_ids: bool) -> list[int]:
     return tokenizer(answer.text, add_special_tokens=False)["input_ids"]
 
 
+def answer_ended(answer: Answer, ids: list[int]) -> bool:
+    """Whether the answer ended on its own (EOS is then scored after its tokens): it says "stop", or it is empty
+    and does not say "length" (nothing came before its end; `check_answers` refuses an empty "length" answer)."""
+    return answer.finish_reason == "stop" or (not ids and answer.finish_reason != "length")
+
+
 @torch.no_grad()
 def score_answer(model, prompt: list[int], ids: list[int], stopped: bool, answer: Answer) -> AnswerScore:
     """Score one answer as a minimal trace: prompt + answer (+ EOS when it stopped), padded to whole canvases, each
-    canvas fed back to the decoder after the ones before it are encoded."""
+    canvas fed back to the decoder after the ones before it are encoded. An empty answer that stopped is scored as
+    its EOS alone."""
     from .format import FORMAT_NAME, FORMAT_VERSION, Trace
     from .replay import PrefixEncoder, step_logprobs
 
@@ -144,43 +205,6 @@ def score_answer(model, prompt: list[int], ids: list[int], stopped: bool, answer
                        float(agree.mean()), logprob.tolist())
 
 
-def stratified_difference(engine: list[AnswerScore], reference: list[AnswerScore], field: str) -> dict:
-    """`stats.stratified_test` of `field` grouped by prompt (NaN scores, i.e. empty answers, left out)."""
-    def values(scores, p):
-        return [getattr(s, field) for s in scores if s.prompt == p and not math.isnan(getattr(s, field))]
-
-    prompts = sorted({s.prompt for s in engine} & {s.prompt for s in reference})
-    return stratified_test([(values(engine, p), values(reference, p)) for p in prompts])
-
-
-def side_summary(scores: list[AnswerScore]) -> dict:
-    def mean(field):
-        xs = [getattr(s, field) for s in scores if not math.isnan(getattr(s, field))]
-        return sum(xs) / len(xs) if xs else None
-
-    return {"answers": len(scores), "scored": sum(not math.isnan(s.mean_logprob) for s in scores),
-            "mean_logprob": mean("mean_logprob"), "argmax_agree": mean("argmax_agree"),
-            "mean_tokens": sum(s.tokens for s in scores) / len(scores) if scores else None}
-
-
-def margin_p_value(logprob: dict, margin: float = MARGIN) -> float | None:
-    """One-sided p-value of "the engine is at most `margin` nats per token worse" (H0: true d >= -margin), from the
-    stratified difference's d, SE and df: P(T_df <= (d + margin) / SE). None without a difference."""
-    d, se = logprob["difference"], logprob["se"]
-    if d is None:
-        return None
-    if not se:  # no variance anywhere: decided by d alone
-        return 0.0 if d < -margin else 1.0
-    return t_cdf((d + margin) / se, logprob["df"])
-
-
-def verdict(logprob: dict) -> bool:
-    """True (pass) unless the engine is significantly worse than the reference by more than MARGIN: the
-    non-inferiority p-value `margin_p_value` is below ALPHA (which also needs d < -MARGIN)."""
-    p = margin_p_value(logprob)
-    return p is not None and p >= ALPHA
-
-
 def name_ids_from_logprobs(tokenizer, answers: list[Answer]) -> None:
     """Answers without `token_ids` whose reported logprobs tokens name their ids for sure get those ids."""
     for a in answers:
@@ -190,13 +214,58 @@ def name_ids_from_logprobs(tokenizer, answers: list[Answer]) -> None:
                 a.token_ids, a.ids_from = ids, "logprobs"
 
 
+def longest_piece(tokenizer) -> int:
+    """The most characters one token's text can have (its vocabulary piece, + 1 for a decoder that joins pieces
+    with spaces): an answer of n tokens has at most n times this many characters."""
+    return max((len(piece) for piece in tokenizer.get_vocab()), default=1) + 1
+
+
+def check_answers(answers: list[Answer], tokenizer, vocab_size: int, max_tokens: int, url: str) -> None:
+    """Refuse (EngineError naming the answer and the field) what cannot be an answer to the request asked: ids
+    outside the vocabulary, more than `max_tokens` tokens (by its ids, its `usage.completion_tokens`, or a text too
+    long for that many tokens), an empty answer whose finish_reason says it hit max_tokens."""
+    widest = None
+    for a in answers:
+        where = f"{url} (prompt {a.prompt}, sample {a.sample})"
+        field = "choices[0].token_ids" if a.ids_from == "token_ids" else "choices[0].logprobs tokens"
+        if a.token_ids is not None:
+            bad = [i for i in a.token_ids if not 0 <= i < vocab_size]
+            if bad:
+                raise EngineError(f"{where}: `{field}` holds ids outside this model's vocabulary [0, {vocab_size}): "
+                                  f"{bad[:5]}")
+            if len(a.token_ids) > max_tokens:
+                raise EngineError(f"{where}: {len(a.token_ids)} tokens in `{field}`, more than the max_tokens "
+                                  f"{max_tokens} it was asked for (the engine ignores max_tokens)")
+        if a.completion_tokens is not None and a.completion_tokens > max_tokens:
+            raise EngineError(f"{where}: `usage.completion_tokens` is {a.completion_tokens}, more than the "
+                              f"max_tokens {max_tokens} it was asked for (the engine ignores max_tokens)")
+        if a.token_ids is None:
+            widest = widest or longest_piece(tokenizer)
+            if len(a.text) > max_tokens * widest:
+                raise EngineError(f"{where}: the text has {len(a.text)} characters, more than {max_tokens} tokens "
+                                  f"of at most {widest} characters each can spell: more than the max_tokens "
+                                  f"{max_tokens} it was asked for (the engine ignores max_tokens)")
+        empty = not a.text if a.token_ids is None else not a.token_ids
+        if empty and a.finish_reason == "length":
+            raise EngineError(f"{where}: the answer is empty but `finish_reason` is \"length\" (max_tokens "
+                              f"{max_tokens} reached without a token)")
+
+
 def compare_engine(model, tokenizer, base: str, prompts: list[str], samples: int, max_tokens: int, chat: bool,
-                   api_key: str | None, seed: int, model_name: str | None = None, logprobs: bool = False) -> dict:
-    """Ask the server, generate with the reference, score both under the reference -> the summary (JSON-able)."""
-    base = base.rstrip("/")
-    name, window = declared_window(base, model_name, api_key)
-    engine = engine_answers(base, name, prompts, samples, max_tokens, chat, api_key, seed, logprobs)
+                   api_key: str | None, seed: int, model_name: str | None = None, logprobs: bool = False,
+                   request_timeout: float = REQUEST_TIMEOUT_S, power: float = POWER,
+                   max_detectable: float = MAX_DETECTABLE) -> dict:
+    """Ask the server, generate with the reference, score both under the reference -> the summary (JSON-able).
+
+    Raises:
+        EngineError: a bad URL, an unreachable server, or a reply that is not an answer to the request (named).
+    """
+    base = check_base_url(base)
+    name, window = declared_window(base, model_name, api_key, request_timeout)
+    engine = engine_answers(base, name, prompts, samples, max_tokens, chat, api_key, seed, logprobs, request_timeout)
     name_ids_from_logprobs(tokenizer, engine)
+    check_answers(engine, tokenizer, model.config.text_config.vocab_size, max_tokens,
+                  f"{base}/chat/completions" if chat else f"{base}/completions")
     use_ids = all(a.token_ids is not None for a in engine)
     prompt_tokens = [prompt_ids(tokenizer, prompt, chat) for prompt in prompts]  # as the server builds them
     reference = reference_answers(model, tokenizer, prompt_tokens, samples, max_tokens, seed)
@@ -207,79 +276,41 @@ def compare_engine(model, tokenizer, base: str, prompts: list[str], samples: int
                                                                                  if t not in eos]]
     scored = {}
     for side, answers in (("engine", engine), ("reference", reference)):
-        scored[side] = [score_answer(model, prompt_tokens[a.prompt], answer_tokens(tokenizer, a, use_ids),
-                                     a.finish_reason == "stop", a) for a in answers]
+        scored[side] = []
+        for a in answers:
+            ids = answer_tokens(tokenizer, a, use_ids)
+            scored[side].append(score_answer(model, prompt_tokens[a.prompt], ids, answer_ended(a, ids), a))
     logprob = stratified_difference(scored["engine"], scored["reference"], "mean_logprob")
     logprob["p_beyond_margin"] = margin_p_value(logprob)
+    logprob["power"] = power
+    logprob["detectable"] = detectable_difference(logprob, power)
     top1 = stratified_difference(scored["engine"], scored["reference"], "argmax_agree")
     reported = compare_reported([(a.logprobs.logprobs, s.token_logprobs) for a, s in zip(engine, scored["engine"])
                                  if a.logprobs is not None and use_ids])
     sources = sorted({a.ids_from for a in engine}) if use_ids else ["text"]
+    outcome = verdict_of(logprob, max_detectable)
     return {
         "mode": "engine", "engine_url": base, "served_model": name, "chat": chat, "prompts": len(prompts),
         "samples": samples, "max_tokens": max_tokens, "tokens_from": "+".join(sources),
         "decoder_window": {"engine": window, "reference": model.get_decoder().decoder_window},
         "reported_logprobs": reported,
         "text_id_mismatches": mismatched,
+        "empty_answers": {side: sum(not (a.token_ids if a.token_ids is not None else a.text) for a in answers)
+                          for side, answers in (("engine", engine), ("reference", reference))},
         "engine": side_summary(scored["engine"]), "reference": side_summary(scored["reference"]),
         "logprob_difference": logprob, "argmax_difference": top1,
-        "test": {"alpha": ALPHA, "margin": MARGIN, "kind": "stratified Welch t, one-sided, non-inferiority by the margin"},
-        "passed": verdict(logprob),
+        "test": {"alpha": ALPHA, "margin": MARGIN, "power": power, "max_detectable": max_detectable,
+                 "kind": "stratified Welch t, one-sided, non-inferiority by the margin"},
+        "verdict": outcome, "passed": outcome == "pass",
         "answers": {side: [{k: v for k, v in asdict(s).items() if k != "token_logprobs"} for s in scores]
                     for side, scores in scored.items()},
         "texts": {"engine": [a.text for a in engine], "reference": [a.text for a in reference]},
     }
 
 
-def _f(x, digits=4) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
-
-
-def _p(x) -> str:
-    return "-" if x is None else f"{x:.2g}"
-
-
-def format_engine_table(summary: dict) -> str:
-    e, r, d, t = summary["engine"], summary["reference"], summary["logprob_difference"], summary["argmax_difference"]
-    lines = [f"engine {summary['engine_url']} (model {summary['served_model']}), {summary['prompts']} prompt(s) x "
-             f"{summary['samples']} sample(s), max_tokens {summary['max_tokens']}, "
-             f"{'chat' if summary['chat'] else 'completions'}, tokens from {summary['tokens_from']}",
-             "side        answers  mean-logprob  argmax-agree  mean-tokens",
-             f"engine      {e['answers']:>7}  {_f(e['mean_logprob']):>12}  {_f(e['argmax_agree']):>12}  "
-             f"{_f(e['mean_tokens'], 1):>11}",
-             f"reference   {r['answers']:>7}  {_f(r['mean_logprob']):>12}  {_f(r['argmax_agree']):>12}  "
-             f"{_f(r['mean_tokens'], 1):>11}"]
-    windows = summary["decoder_window"]
-    if windows["engine"] is not None and windows["engine"] != windows["reference"]:
-        lines.append(f"note: the server declares decoder_window {windows['engine']!r} (a semantics switch, "
-                     f"docs/reference-accuracy.md); the reference runs {windows['reference']!r} "
-                     f"(compare --decoder-window {windows['engine']} judges it under the same switch)")
-    if summary["reported_logprobs"] is not None:
-        r = summary["reported_logprobs"]
-        lines.append(f"reported logprobs ({r['tokens']} tokens of {r['answers']} answers): mean "
-                     f"{r['mean_reported']:.4f}"
-                     f" vs the reference's {r['mean_reference']:.4f} for the same tokens, mean |difference| "
-                     f"{r['mean_abs_difference']:.4f}, max {r['max_abs_difference']:.4f} (compared, not judged)")
-    if summary["text_id_mismatches"]:
-        lines.append(f"note: {len(summary['text_id_mismatches'])} answer(s) whose text does not tokenize back into "
-                     f"the returned token_ids (answers {summary['text_id_mismatches'][:8]})")
-    if d["difference"] is not None:
-        lines.append(f"engine - reference, mean log-prob per token: {d['difference']:+.4f} nats, 95% CI "
-                     f"[{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}], t {_f(d['t'], 2)}, df {_f(d['df'], 1)}, "
-                     f"p {_p(d['p_value'])}; p of more than {MARGIN} nats worse {_p(d['p_beyond_margin'])}")
-        lines.append(f"engine - reference, argmax agreement: {t['difference']:+.4f}, 95% CI "
-                     f"[{t['ci95'][0]:+.4f}, {t['ci95'][1]:+.4f}]")
-    if summary["passed"]:
-        lines.append(f"PASS: the engine's answers are not significantly less likely under the reference "
-                     f"(fails when more than {MARGIN} nats per token worse with one-sided p < {ALPHA})")
-    else:
-        lines.append(f"FAIL: the engine's answers are significantly less likely under the reference "
-                     f"(more than {MARGIN} nats per token worse, one-sided p < {ALPHA})")
-    return "\n".join(lines)
-
-
 def run_engine_compare(args, load) -> int:
-    """The `compare --engine-url` command; `load(args)` -> (model, tokenizer). Exit 0 / 1 / 2."""
+    """The `compare --engine-url` command; `load(args)` -> (model, tokenizer). Exit 0 pass / 1 fail / 2 malformed
+    input or reply / 3 inconclusive (too little power)."""
     from .cli import read_prompts
 
     for name, value in (("--samples", args.samples), ("--max-tokens", args.max_tokens)):
@@ -300,12 +331,39 @@ def run_engine_compare(args, load) -> int:
     if args.trace is not None:
         print("error: give --trace (a recorded trace) or --engine-url (a running server), not both", file=sys.stderr)
         return 2
+    try:
+        check_base_url(args.engine_url)
+    except EngineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     model, tokenizer = load(args)
+    problem = prompt_problem(model, tokenizer, prompts, args.chat, args.max_tokens, args.prompts)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         summary = compare_engine(model, tokenizer, args.engine_url, prompts, args.samples, args.max_tokens,
-                                 args.chat, args.api_key, args.seed, args.served_model, args.logprobs)
+                                 args.chat, args.api_key, args.seed, args.served_model, args.logprobs,
+                                 args.request_timeout, args.power, args.max_detectable)
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=2) if args.json else format_engine_table(summary))
-    return 0 if summary["passed"] else 1
+    return {"pass": 0, "fail": 1}.get(summary["verdict"], EXIT_INCONCLUSIVE)
+
+
+def prompt_problem(model, tokenizer, prompts: list[str], chat: bool, max_tokens: int, path) -> str | None:
+    """Why the reference cannot answer a prompt (naming the file and the prompt), or None: the chat template
+    fails, or prompt + max_tokens (whole canvases) exceed the model's max_position_embeddings."""
+    L, limit = model.canvas_length, model.config.text_config.max_position_embeddings
+    for i, prompt in enumerate(prompts):
+        try:
+            ids = prompt_ids(tokenizer, prompt, chat)
+        except Exception as e:  # noqa: BLE001 -- a tokenizer or template error of any kind names the prompt
+            what = "apply its chat template to" if chat else "encode"
+            return f"{path}: prompt {i + 1}: the tokenizer cannot {what} it: {e}"
+        needed = len(ids) + -(-max_tokens // L) * L
+        if needed > limit:
+            return (f"{path}: prompt {i + 1} ({len(ids)} tokens) + --max-tokens {max_tokens} (whole canvases of {L}) "
+                    f"need {needed} positions, more than the model's max_position_embeddings {limit}")
+    return None

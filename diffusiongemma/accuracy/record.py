@@ -1,5 +1,5 @@
-"""Record a `Trace` while `generate` runs (lock-step batching): the loop calls `begin_canvas`, `record_step` after
-every denoising step, and `finish` once. Only built when `return_trace=True`, so generation without a trace does no
+"""Record a `Trace` while `generate` runs (lock-step batching): an observer of the row pool's pass events
+(`observe`, one record per engine call), then `finish` once. Only built when `return_trace=True`, so generation without a trace does no
 recording work.
 
 Legend: B batch, B' rows that ran a step (fast mode), P prompt, L canvas length, V vocab, k top-k width.
@@ -94,44 +94,58 @@ class TraceRecorder:
         for name, value in tensors.items():
             self.records.setdefault(name, []).append(value.detach().cpu())
 
-    def begin_canvas(self, state, c: int) -> None:
+    def observe(self, events) -> None:
+        """An observer of the pool's pass events (`pool.PassEvents`): one record per engine call."""
+        for record in events.records:
+            if record.steps_remaining == self.run.config.max_denoising_steps:  # the first step of a canvas
+                self.begin_canvas(record, record.canvas_index)
+            self.record_step(record)
+
+    def begin_canvas(self, record, c: int) -> None:
         """A new canvas: no self-conditioning yet, except a caller's `self_conditioning_logits` on canvas 0."""
-        B, L = state.canvas.shape
+        B, L = record.canvas.shape
+        device = record.canvas.device
         self.canvas, self.step = c, 0
-        self.sc_ids = torch.zeros(B, L, self.k, dtype=torch.int32, device=state.canvas.device)
-        self.sc_logprobs = torch.zeros(B, L, self.k, device=state.canvas.device)
-        self.sc_present = torch.zeros(B, dtype=torch.bool, device=state.canvas.device)
+        self.sc_ids = torch.zeros(B, L, self.k, dtype=torch.int32, device=device)
+        self.sc_logprobs = torch.zeros(B, L, self.k, device=device)
+        self.sc_present = torch.zeros(B, dtype=torch.bool, device=device)
         if c == 0 and self.run.self_conditioning_logits is not None:
             self.sc_ids, self.sc_logprobs = top_k_logprobs(self.run.self_conditioning_logits, self.k)
             self.sc_present = torch.ones_like(self.sc_present)
 
-    def record_step(self, before, after) -> None:
-        """One step: `before` is the state the step read, `after` the state it returned (with `draft_logits`, the
-        tempered logits of the rows that ran, and the sampler's own `entropy`, `accepted` and `temperature`)."""
-        B, L = before.canvas.shape
-        ids, logprobs = top_k_logprobs(after.draft_logits, self.k)  # [B', L, k]
-        if before.rows is not None and len(before.rows) < B:  # fast mode: scatter the rows that ran
-            index = torch.tensor(before.rows, device=ids.device)
-            ids = torch.zeros(B, L, self.k, dtype=ids.dtype, device=ids.device).index_copy(0, index, ids)
-            logprobs = torch.zeros(B, L, self.k, device=ids.device).index_copy(0, index, logprobs)
-        active = ~(before.finished_denoising | before.finished_sequences)  # [B] rows whose result counts
+    def record_step(self, record) -> None:
+        """One step (`pool.PassRecord`): the canvases and inputs the step read, and the engine's `StepResult` for
+        the rows it ran (its tempered logits, and the sampler's own entropy, accepted mask and temperature)."""
+        B, L = record.canvas.shape
+        result, device = record.result, record.canvas.device
+        ids, logprobs = top_k_logprobs(result.logits, self.k)  # [B', L, k]
+        entropy, accepted = result.entropy.float(), result.accepted
+        if len(record.sampled) < B:  # fast mode: scatter the rows that ran; the others read as not run
+            index = torch.tensor(record.sampled, device=device)
+            ids = torch.zeros(B, L, self.k, dtype=ids.dtype, device=device).index_copy(0, index, ids)
+            logprobs = torch.zeros(B, L, self.k, device=device).index_copy(0, index, logprobs)
+            entropy = torch.full((B, L), float("inf"), device=device).index_copy(0, index, entropy)
+            accepted = torch.zeros(B, L, dtype=torch.bool, device=device).index_copy(0, index, accepted)
+        frozen = record.frozen.to(device) if record.frozen is not None else torch.zeros(B, dtype=torch.bool,
+                                                                                           device=device)
         if self.run.trace_sc_embedding:  # the decoder's exact self-conditioning input (zeros: none)
-            soft = before.soft if before.soft is not None else before.canvas.new_zeros(B, L, self.hidden)
+            soft = record.soft if record.soft is not None else record.canvas.new_zeros(B, L, self.hidden)
             self._add(sc_embedding=soft.float()[None])
         self._add(
             canvas_index=torch.tensor([self.canvas], dtype=torch.int32),
             step_index=torch.tensor([self.step], dtype=torch.int32),
-            steps_remaining=torch.tensor([before.steps_remaining], dtype=torch.int32),
-            temperature=after.temperature.reshape(1).float(),
-            active=active[None], input_canvas=before.canvas.to(torch.int32)[None],
+            steps_remaining=torch.tensor([record.steps_remaining], dtype=torch.int32),
+            temperature=result.temperature[0].reshape(1).float(),
+            active=record.active.to(device)[None], input_canvas=record.canvas.to(torch.int32)[None],
             sc_present=self.sc_present[None], sc_ids=self.sc_ids[None], sc_logprobs=self.sc_logprobs[None],
-            topk_ids=ids[None], topk_logprobs=logprobs[None], argmax=after.argmax_canvas.to(torch.int32)[None],
-            entropy=after.entropy.float()[None],
-            accepted=after.accepted[None],  # as the sampler decided it
-            stopped=after.finished_denoising[None],
+            topk_ids=ids[None], topk_logprobs=logprobs[None],
+            argmax=torch.stack([r.argmax for r in record.rows]).to(torch.int32)[None],
+            entropy=entropy[None],
+            accepted=accepted[None],  # as the sampler decided it
+            stopped=torch.tensor([r.stopped for r in record.rows], device=device)[None],
         )
         # the next step's self-conditioning: rows that had not stopped take this step's distribution (spec D.4.4h)
-        updated = ~before.finished_denoising
+        updated = ~frozen
         self.sc_ids = torch.where(updated[:, None, None], ids, self.sc_ids)
         self.sc_logprobs = torch.where(updated[:, None, None], logprobs, self.sc_logprobs)
         self.sc_present = self.sc_present | updated

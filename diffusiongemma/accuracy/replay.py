@@ -12,10 +12,12 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from ..generation.engine import Plan, StepRows, denoise_rows, soft_embedder
+from ..generation.engine import Plan, StepRows, denoise_rows
 from ..generation.entropy_bound import token_entropy
-from ..generation.sampler import SamplerContext, init_sampler_state, sampler_class_for, sampling_names
-from ..generation.stopping import StableAndConfidentStopperConfig, Stopper, stopper_class_for
+from ..generation.plan import build_plan
+from ..generation.sampler import init_sampler_state, sampling_names
+from ..generation.stopping import Stopper, stopper_for
+from ..generation_config import DiffusionGemmaGenerationConfig, resolve_generation_config
 from ..sampler_configs import EntropyBoundSamplerConfig, sampler_config_class
 from ..stopper_configs import stopper_config_class
 from ..modeling.masks import PaddingSlots
@@ -124,8 +126,12 @@ def step_logprobs(model, canvas, cache, soft, keep, temperature: float) -> torch
     return torch.log_softmax(logits.div_(temperature), dim=-1)
 
 
-def replay_plan(model, trace: Trace) -> Plan:
-    """The trace's sampler and stopper, as `generate` built them (manifest: `sampling`, `sampler_config`)."""
+RECORDED_SETTINGS = ("max_denoising_steps", "t_min", "t_max", "stability_threshold", "confidence_threshold")
+
+
+def recorded_config(model, trace: Trace) -> DiffusionGemmaGenerationConfig:
+    """The generation config the trace ran with: its manifest's sampler config and step, temperature and stopper
+    settings (a field the manifest lacks, as in traces of older versions, comes from the model's config)."""
     settings = trace.manifest.get("generation_config") or {}
     saved = dict(settings.get("sampler_config") or {})
     if saved:
@@ -139,42 +145,50 @@ def replay_plan(model, trace: Trace) -> Plan:
                                    f"{error}") from None
     else:
         sampler_config = model.generation_config.sampler_config or EntropyBoundSamplerConfig(entropy_bound=0.1)
+    config, _, _ = resolve_generation_config(model.generation_config, None, {})
+    config.sampler_config = sampler_config
+    config.stopper_config = recorded_stopper_config(trace)
+    for name in RECORDED_SETTINGS:
+        if settings.get(name) is not None or getattr(config, name, None) is None:
+            setattr(config, name, generation_setting(trace, model, name))
+    return config
+
+
+def replay_plan(model, trace: Trace, device: torch.device | str = "cpu") -> Plan:
+    """The trace's plan, built by the one plan builder (`generation.plan.build_plan`) from its recorded settings:
+    sampler (manifest `sampling`, `sampler_config`), stopper and temperature schedule."""
+    config = recorded_config(model, trace)
+    # `sampling` names how the draws were made (ours, or an engine's own name): teacher forcing never needs the
+    # draws, so a foreign name is fine (the config class's default runs); ours picks our own registered class
+    sampling = trace.manifest.get("sampling")
+    if sampling is not None and sampling not in sampling_names(type(config.sampler_config)):
+        sampling = None
     try:
-        sampler_class = sampler_class_for(sampler_config, None)  # the rule comes from the config class
+        return build_plan(model, config, sampling, device)
     except ValueError as error:
         from .format import TraceFormatError
 
         raise TraceFormatError(f"manifest `generation_config.sampler_config`: {error}") from None
-    # `sampling` names how the draws were made (ours, or an engine's own name): teacher forcing never needs the
-    # draws, so a foreign name is fine; ours picks our own registered class for the same rule
-    sampling = trace.manifest.get("sampling")
-    if sampling is not None and sampling in sampling_names(type(sampler_config)):
-        sampler_class = sampler_class_for(sampler_config, sampling)
-    steps = int(generation_setting(trace, model, "max_denoising_steps"))
-    return Plan(
-        sampler=sampler_class(sampler_config, SamplerContext(model.config.text_config.vocab_size, steps)),
-        stopper=replay_stopper(trace, model),
-        max_steps=steps, temperatures=torch.ones(steps + 1), processors=None,
-        soft_embed=soft_embedder(model.get_decoder(), exact_reference=not sampler_class.per_row),
-    )
 
 
 def replay_stopper(trace: Trace, model) -> Stopper:
     """The trace's stopper: its plug-in `stopper_config` (manifest), else the built-in with the trace's thresholds."""
-    saved = dict((trace.manifest.get("generation_config") or {}).get("stopper_config") or {})
-    if saved:
-        name = saved.pop("_cls_name", None)
-        try:
-            config = stopper_config_class(name)(**saved)
-        except (TypeError, ValueError) as error:
-            from .format import TraceFormatError
+    return stopper_for(recorded_config(model, trace))
 
-            raise TraceFormatError(f"manifest `generation_config.stopper_config` ({name}) cannot be rebuilt: "
-                                   f"{error}") from None
-    else:
-        config = StableAndConfidentStopperConfig(int(generation_setting(trace, model, "stability_threshold")),
-                                                 float(generation_setting(trace, model, "confidence_threshold")))
-    return stopper_class_for(config)(config)
+
+def recorded_stopper_config(trace: Trace):
+    """The manifest's plug-in `stopper_config`, rebuilt, or None (the built-in stopper, set by the thresholds)."""
+    saved = dict((trace.manifest.get("generation_config") or {}).get("stopper_config") or {})
+    if not saved:
+        return None
+    name = saved.pop("_cls_name", None)
+    try:
+        return stopper_config_class(name)(**saved)
+    except (TypeError, ValueError) as error:
+        from .format import TraceFormatError
+
+        raise TraceFormatError(f"manifest `generation_config.stopper_config` ({name}) cannot be rebuilt: "
+                               f"{error}") from None
 
 
 @torch.no_grad()
@@ -187,7 +201,7 @@ def replay_full(model, trace: Trace) -> list[StepScore]:
     t = {k: v.to(device) for k, v in trace.tensors.items()}
     prefix = PrefixEncoder(model, trace, device)
     stack = model.get_decoder()
-    plan = replay_plan(model, trace)
+    plan = replay_plan(model, trace, device)
     B, P = t["sequences"].shape[0], trace.prompt_length
     rebuild = SelfConditioningRebuild(stack, B)
     scores = []
@@ -204,9 +218,9 @@ def replay_full(model, trace: Trace) -> list[StepScore]:
                 soft, shares = rebuild.input(t, r)
                 canvas = t["input_canvas"][r].long()
                 n = int(t["steps_remaining"][r])
-                step_plan = Plan(plan.sampler, plan.stopper, plan.max_steps,
-                                 t["temperature"][r].float().expand(plan.max_steps + 1).contiguous(), None,
-                                 plan.soft_embed)
+                # the temperature this record ran at (the recorded schedule's entry n; kept as recorded)
+                step_plan = replace(plan, temperatures=t["temperature"][r].float().expand(plan.max_steps + 1)
+                                    .contiguous())
                 out = denoise_rows(model, step_plan, StepRows(
                     hidden=model.denoise(canvas, cache, soft, keep=prefix.keep), canvas=canvas,
                     sequences=t["sequences"][:, : P + c * trace.canvas_length], row_ids=list(range(B)),

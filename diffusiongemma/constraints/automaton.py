@@ -14,6 +14,7 @@ rows the tokenizer does not have are never allowed.
 Legend: S states (DONE last), V vocabulary rows of the model, C token classes, E allowed (state, class) pairs.
 """
 
+import json
 import threading
 import weakref
 from collections import OrderedDict
@@ -238,13 +239,16 @@ CACHE_SIZE = 32
 
 
 def tokenizer_fingerprint(tokenizer) -> int:
-    """A hash of the tokenizer's vocabulary and special tokens, computed once per tokenizer object."""
+    """A hash of the tokenizer's vocabulary, special tokens and decoder, computed once per tokenizer object."""
     try:
         return _FINGERPRINTS[tokenizer]
     except (KeyError, TypeError):
         pass
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = json.dumps(json.loads(backend.to_str()).get("decoder")) if backend is not None else None
     key = hash((tuple(sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])),
-                tuple(sorted(tokenizer.all_special_ids)), type(tokenizer).__name__))
+                tuple(sorted(tokenizer.all_special_ids)), type(tokenizer).__name__,
+                decoder))  # the decoder decides what `decode` gives (vocabulary.check_decode)
     try:
         _FINGERPRINTS[tokenizer] = key
     except TypeError:

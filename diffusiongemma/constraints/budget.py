@@ -66,6 +66,10 @@ def address_space_bytes() -> int | None:
 def child_main(fn, budget: CompileBudget, write_fd: int) -> None:
     """In the forked child: limit the address space, run `fn`, send back ("ok", result) or ("error", exception)."""
     try:
+        # a pipe another thread opened for its own child may be in this copy (forked between its `pipe` and its
+        # `close`): close everything but ours, so that sibling's reader is never kept waiting for our exit
+        os.closerange(3, write_fd)
+        os.closerange(write_fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         faulthandler.disable()  # an abort here is expected and reported by the parent
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 2)  # Rust's "memory allocation failed" line: the parent's message says it instead

@@ -4,7 +4,7 @@ bit-identical to its solo run (the same call with that row alone), whatever its 
 
 Where the default pool lets a row's neighbours into its arithmetic, and how this mode closes each place:
 
-1. The decoder forward (`forward_pool` -> `stack.run_rows`). In the default pool every row of a pass shares one
+1. The decoder forward (`passes.forward_rows` -> `stack.run_rows`). In the default pool every row of a pass shares one
    forward, so a row's numbers depend on its partners through:
    - the expert GEMMs (moe.py): the (token, slot) assignments of all rows are sorted by expert into one grouped GEMM;
      CPU `grouped_mm` rounds a row according to its position inside its expert's block, and that position depends
@@ -63,20 +63,3 @@ class PerRowCaches:
     def move(self, src: int, dst: int) -> None:
         """Row `src`'s cache becomes row `dst`'s: the two buffers swap owners (no copy)."""
         self.slots[dst], self.slots[src] = self.slots[src], self.slots[dst]
-
-
-def invariant_batching(batch_invariant, batching, compile_options, streamer, past_key_values, return_trace):
-    """`generate`'s `batching` under `batch_invariant`: "mixed" (the row pool), refusing what cannot hold the
-    guarantee by name; with batch_invariant=False, `batching` unchanged."""
-    if not isinstance(batch_invariant, bool):
-        raise TypeError(f"`batch_invariant` must be a bool, got {batch_invariant!r}")
-    if not batch_invariant:
-        return batching
-    refused = [name for name, given in (("batching='lockstep'", batching == "lockstep"),
-                                        ("compile", compile_options is not None), ("streamer", streamer is not None),
-                                        ("past_key_values", past_key_values is not None),
-                                        ("return_trace", return_trace is True)) if given]
-    if refused:
-        raise ValueError(f"`batch_invariant=True` runs every row alone in the row pool (batching='mixed'); it cannot "
-                         f"be combined with {', '.join(refused)}")
-    return "mixed"

@@ -1,16 +1,15 @@
-"""Block-autoregressive denoising `generate` (spec D.4): an outer loop over canvases, an inner loop over denoising
-steps. Arguments are resolved once in `resolve.py`; a lock-step step is `step.denoise_step` around the one engine
-step (`engine.denoise_rows`); the samplers are plug-ins (`sampler.py`); mixed batching runs the row pool
-(`pool.py`, via `batching.py`).
+"""Block-autoregressive denoising `generate` (spec D.4): arguments are resolved once (`resolve.py`), the plan is built
+once (`plan.py`), and the row pool (`pool.py`) runs every pass, under one of two admission policies:
 
-Host reads: a step reads nothing on the host; the loop reads the [B] stop flags once per step (to stop, and to name
-the rows that still denoise in fast mode) and the [B] finished flags once per canvas.
+    lock-step (`lockstep.py`): the batch (or each slice of `max_batch_size` rows) is admitted together and commits
+        together over one shared cache, as the built-in class runs it;
+    mixed (`mixed.py`): every row moves on by itself; a freed slot takes the next waiting prompt.
 
-Legend: B batch, P prompt, L canvas length, S cached slots, V vocab, H hidden, N max denoising steps.
+Observers follow the pool's pass events: the streamer (prompt, a draft after every step, every committed canvas) and
+the trace recorder (`diffusiongemma.accuracy.record`, one record per engine call).
+
+Legend: B batch, P prompt, L canvas length, S cached slots, V vocab, H hidden.
 """
-
-from dataclasses import replace
-from functools import partial
 
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
@@ -19,186 +18,100 @@ from transformers.utils import logging
 from ..constraints.answer_check import check_answers
 from ..constraints.guide import ConstraintGuide
 from ..modeling.compile import capacity_bucket, compiled_denoise_pass
-from ..modeling.masks import PaddingSlots
-from .batching import generate_in_chunks, generate_mixed
-from .invariant import invariant_batching
-from .finite import NonFiniteLogitsError, raise_for_faults
+from ..modeling.vision import stack_rows
+from .mixed import assemble, generate_mixed
+from .lockstep import Lockstep
 from .outputs import DiffusionGemmaGenerationOutput, generation_output, tokens_per_forward
 from .recording import trace_recorder
-from .resolve import GenerationRun, check_ar_sampling_kwargs, generated_length, resolve_batching, resolve_run
+from .resolve import GenerationRun, check_ar_sampling_kwargs, generated_length, resolve_run
 from .engine import Plan, soft_embedder
-from .sampler import init_sampler_state, temperature_schedule
-from .state import CanvasState
-from .step import StepSettings, denoise_step, row_index
-from .stopping import finalize_canvas, stopper_for
+from .plan import build_plan
+from .observers import StreamerObserver, takes_logits, wants_drafts
+from .pool import Row, RowPool
 
 logger = logging.get_logger(__name__)
 
 __all__ = [
-    "DiffusionGemmaGenerationOutput", "check_ar_sampling_kwargs", "denoise_step", "generate", "generated_length",
-    "resolve_batching", "soft_embedder", "tokens_per_forward",
+    "DiffusionGemmaGenerationOutput", "check_ar_sampling_kwargs", "generate", "generated_length",
+    "soft_embedder", "tokens_per_forward",
 ]
 
 
 def plan_for(model, run: GenerationRun) -> Plan:
-    """How this call's rows denoise: built once, shared by lock-step and the row pool."""
-    config = run.config
-    return Plan(
-        sampler=run.sampler, stopper=stopper_for(config), max_steps=config.max_denoising_steps,
-        temperatures=temperature_schedule(config.max_denoising_steps, config.t_min, config.t_max,
-                                          run.input_ids.device),
-        processors=run.processors, soft_embed=soft_embedder(model.get_decoder(), exact_reference=not run.fast),
-        constraint=(ConstraintGuide(run.automaton, model.canvas_length, run.max_new_tokens)
-                    if run.automaton is not None else None),
-    )
+    """How this call's rows denoise (`plan.build_plan`): built once, shared by every row."""
+    return build_plan(model, run.config, device=run.input_ids.device, processors=run.processors,
+                      automaton=run.automaton, max_new_tokens=run.max_new_tokens, sampler=run.sampler)
 
 
-def step_settings(model, run: GenerationRun, cache, streamer, compile_options: dict | None = None) -> StepSettings:
-    """What every lock-step step reads, resolved once."""
-    return StepSettings(
-        plan=plan_for(model, run), cache=cache, keep=run.keep, skip_finished=run.fast, generators=run.generators,
-        position_offsets=list(run.position_offsets),
-        keep_logits=takes_logits(streamer) or run.trace_top_k is not None,
-        denoise_pass=compiled_denoise_pass(model, **compile_options) if compile_options is not None else None,
-    )
-
-
-COMPILE_OPTIONS = ("mode", "backend")
-
-
-def compile_options_of(compile, batching: str | None) -> dict | None:
-    """`generate`'s `compile` argument -> the `compiled_denoise_pass` options, or None (no compilation)."""
-    if compile is None or compile is False:
-        return None
-    if not isinstance(compile, (bool, dict)):
-        raise TypeError(f"`compile` must be a bool or a dict of options {list(COMPILE_OPTIONS)}, got {compile!r}")
-    options = compile if isinstance(compile, dict) else {}
-    unknown = sorted(set(options) - set(COMPILE_OPTIONS))
-    if unknown:
-        raise ValueError(f"`compile` options {unknown} are not supported; supported: {list(COMPILE_OPTIONS)} "
-                         "(the pass always compiles with fullgraph=True, dynamic=False)")
-    if batching == "mixed":
-        raise ValueError("`compile` compiles the fixed-shape lock-step denoising pass; it does not apply to "
-                         "batching='mixed' (pass batching='lockstep', or leave `batching` unset)")
-    return dict(options)
-
-
-def takes_logits(streamer) -> bool:
-    """The streamer wants the tempered logits instead of the argmax canvas as its draft (spec D.4.4j)."""
-    return streamer is not None and getattr(streamer, "_takes_logits", False)
-
-
-def new_canvas(model, run: GenerationRun, settings: StepSettings, sequences: torch.Tensor, finished: torch.Tensor,
-               passes: torch.Tensor, live: list[int], c: int) -> CanvasState:
-    """Spec D.4.3: a fresh noise canvas for canvas c, the stopper's state fresh. live: host-side rows not finished."""
-    B, L = finished.shape[0], model.canvas_length
-    device = finished.device
-    sampler = settings.plan.sampler
-    if run.fast:  # rows that finished their sequence draw nothing and stay frozen for the whole canvas
-        canvas = sampler.init_canvas(len(live), L, device, [run.generators[b] for b in live])  # [B', L], RNG
-        if len(live) < B:
-            index = row_index(~finished, len(live))  # [B'] on the device
-            canvas = torch.zeros(B, L, dtype=torch.long, device=device).index_copy(0, index, canvas)
-    else:
-        canvas = sampler.init_canvas(B, L, device, None)  # RNG: canvas init, drawn even for a seeded canvas (H.9)
-    soft = None
-    if c == 0 and run.decoder_input_ids is not None:
-        canvas = run.decoder_input_ids
-    if c == 0 and run.self_conditioning_logits is not None:
-        stack = model.get_decoder()
-        soft = stack.soft_embedding(run.self_conditioning_logits, round_to=stack.embed_tokens.weight.dtype)  # [B, L, H]
-    return CanvasState(
-        canvas=canvas, argmax_canvas=canvas, soft=soft,
-        finished_denoising=finished.clone() if run.fast else torch.zeros_like(finished), forward_passes=passes,
-        steps_remaining=settings.max_steps, sequences=sequences, finished_sequences=finished,
-        rows=live if run.fast else None, stop_state=settings.plan.stopper.init_state(B, L, device),
-        sampler_state=init_sampler_state(sampler, B, L, device),
-        prompt_width=run.input_ids.shape[1],
-    )
-
-
-def still_denoising(state: CanvasState, fast: bool, step: int, canvas: int) -> tuple[CanvasState, bool]:
-    """Spec D.4.4k, the one host read of a step: the [B] stop flags (and, in the same copy, the [B] fault codes of
-    generation/finite.py). Returns (state, whether any row still denoises); in fast mode the state's `rows` then name
-    the rows that denoise next. step (1-based) and canvas (0-based) only name the place in an error.
-
-    Raises:
-        NonFiniteLogitsError: a row's logits held NaN/Inf, or its scores left nothing to sample from.
-    """
-    stopped, faults = torch.stack([state.finished_denoising.to(torch.int8), state.faults]).tolist()  # 2 x [B]
-    raise_for_faults(faults, step, canvas)
-    if fast:
-        state = replace(state, rows=[b for b, s in enumerate(stopped) if not s])
-    return state, not all(stopped)
-
-
-def stream_draft(streamer, state: CanvasState, embed_dtype: torch.dtype) -> None:
-    """Spec D.4.4j: the argmax canvas (or, for a streamer that takes logits, the tempered logits) after a step."""
-    if streamer is None or not hasattr(streamer, "put_draft"):
-        return
-    if takes_logits(streamer):
-        streamer.put_draft(logits=state.draft_logits.to(embed_dtype).cpu())
-    else:
-        streamer.put_draft(value=state.argmax_canvas.cpu())
-
-
-def generate_lockstep(model, run: GenerationRun, streamer, compile_options: dict | None = None):
-    """Spec D.4: every row commits its canvas together."""
-    config, L = run.config, model.canvas_length
-    input_ids = run.input_ids
-    B, P = input_ids.shape
-    embed_dtype = model.get_decoder().embed_tokens.weight.dtype
+def lockstep_slice(model, run: GenerationRun, plan: Plan, a: int, b: int, first_soft, compile_options,
+                   record: bool, draft: bool) -> tuple[RowPool, object]:
+    """A pool holding rows [a, b) of the batch under the lock-step policy, over a cache of their own (or the
+    caller's `past_key_values`): the batch itself, or one slice of `max_batch_size` rows."""
+    L, P = model.canvas_length, run.input_ids.shape[1]
     cache = run.past_key_values if run.past_key_values is not None else model.new_cache()
     slots = run.cur_len + run.num_canvases * L
     cache.reserve(capacity_bucket(slots, L) if compile_options is not None else slots)  # compiled: a shared bucket
-    if run.keep is not None:  # where the padding is: read to the host once, here, so no step has to
-        cache.padding = PaddingSlots.of(run.keep, cache.padding)
-    settings = step_settings(model, run, cache, streamer, compile_options)
+    images = run.images
+    if images is not None and b - a < run.input_ids.shape[0]:  # the slice's rows' image soft tokens (encoded once)
+        images = stack_rows([images.row(i) for i in range(a, b)], [P] * (b - a), P)
+    policy = Lockstep(
+        model, plan, cache, run.keep[a:b] if run.keep is not None else None, images,
+        compiled_denoise_pass(model, **compile_options) if compile_options is not None else None,
+        run.fast, run.config.max_length, run.user_criteria,
+    )
+    pool = RowPool(model, b - a, 0, run.input_ids.device, lockstep=policy, record=record)
+    for i in range(a, b):
+        pool.admit(Row(
+            index=i, prompt=run.input_ids[i], plan=plan,
+            generator=run.generators[i] if run.generators is not None else None, num_canvases=run.num_canvases,
+            eos_ids=run.eos_ids, pad_token_id=run.config.pad_token_id,
+            first_canvas=run.decoder_input_ids[i] if run.decoder_input_ids is not None else None,
+            first_soft=first_soft[i] if first_soft is not None else None, offset=run.position_offsets[i],
+            draft=draft,
+        ))
+    return pool, cache
+
+
+def generate_lockstep(model, run: GenerationRun, plan: Plan, streamer, compile_options: dict | None = None):
+    """Spec D.4: the rows of each lock-step batch (the whole batch, or slices of `max_batch_size` rows) commit
+    together; the pool runs every pass, the streamer and the trace recorder observe it."""
+    config, L = run.config, model.canvas_length
+    input_ids = run.input_ids
+    B, P = input_ids.shape
+    stack = model.get_decoder()
+    first_soft = None
+    if run.self_conditioning_logits is not None:
+        first_soft = stack.soft_embedding(run.self_conditioning_logits, round_to=stack.embed_tokens.weight.dtype)
+    observers = []
+    if streamer is not None:
+        observers.append(StreamerObserver(streamer, stack.embed_tokens.weight.dtype))
+        streamer.put(input_ids.cpu())
     recorder = None
     if run.trace_top_k is not None:  # off by default: no recording work at all
         recorder = trace_recorder(model, run)  # accuracy's recorder (recording.py: generation never imports it)
-    if streamer is not None:
-        streamer.put(input_ids.cpu())
-    sequences = input_ids  # [B, P + c*L]
-    finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)  # [B] rows whose sequence ended
-    live = list(range(B))  # host-side: the rows not finished
-    passes = torch.zeros(B, dtype=torch.int32, device=input_ids.device)  # [B] denoising passes per row
-    for c in range(run.num_canvases):
-        # 1. encoder: the prompt first, then the canvas committed last round (writes the cache)
-        # (the prompt's image soft tokens enter here, once: the cache holds them from now on, spec D.4.1-2)
-        model.encode(sequences if c == 0 else sequences[:, -L:], cache, keep=run.keep,
-                     images=run.images if c == 0 else None)
-        # 3. a fresh noise canvas, the stopper's state fresh
-        state = new_canvas(model, run, settings, sequences, finished, passes, live, c)
-        if recorder is not None:
-            recorder.begin_canvas(state, c)
-        # 4. denoise, counting the steps remaining N..1
-        for step in range(1, settings.max_steps + 1):
-            try:
-                before, state = state, denoise_step(model, state, settings)  # a-i: no host read
-            except NonFiniteLogitsError as error:  # raised by the reference sampler's refusal: add the canvas
-                raise error.at_canvas(c) from None
-            if recorder is not None:
-                recorder.record_step(before, state)
-            stream_draft(streamer, state, embed_dtype)  # j
-            state, denoising = still_denoising(replace(state, draft_logits=None), run.fast, step, c)  # k
-            if not denoising:
-                break
-        passes = state.forward_passes
-        # 5. commit the argmax canvas; 6. EOS and padding
-        sequences = torch.cat([sequences, state.argmax_canvas], dim=-1)
-        sequences, finished = finalize_canvas(sequences, finished, L, config.max_length, config.pad_token_id,
-                                              run.eos_ids, run.user_criteria)
-        # 7. stream the committed canvas; stop when every row finished (one host read per canvas)
-        if streamer is not None:
-            streamer.put(sequences[:, -L:].cpu())
-        live = [b for b, f in enumerate(finished.tolist()) if not f]
-        if not live:
-            break
+        observers.append(recorder.observe)
+    chunk = run.max_batch_size if run.options.mode == "slices" else B
+    record = recorder is not None or takes_logits(streamer)
+    draft = wants_drafts(streamer)
+    rows, cache = [], None
+    for a in range(0, B, chunk):
+        pool, cache = lockstep_slice(model, run, plan, a, min(a + chunk, B), first_soft, compile_options, record,
+                                     draft)
+        rows += pool.active
+        while len(pool):
+            events = pool.step()
+            for observe in observers:
+                observe(events)
+    pad = config.pad_token_id
+    if pad is None and len({len(r.canvases) for r in rows}) > 1:
+        logger.warning_once("lock-step chunks stopped after different numbers of canvases and there is no "
+                            "`pad_token_id`: the shorter chunks' rows are filled with token 0")
+    sequences = assemble(rows, input_ids, L, pad if pad is not None else 0)
+    passes = torch.tensor([r.passes for r in rows], dtype=torch.int32, device=input_ids.device)
     if streamer is not None:
         streamer.end()
     trace = recorder.finish(sequences) if recorder is not None else None
-    return generation_output(config, sequences, P, passes, cache, trace=trace)
+    return generation_output(config, sequences, P, passes, cache if chunk >= B else None, trace=trace)
 
 
 @torch.no_grad()
@@ -232,7 +145,9 @@ def generate(
         attention_mask: [B, S+P] 1 for tokens, 0 for left padding.
         generation_config: a `DiffusionGemmaGenerationConfig`; defaults to the model's (`generation_config.json`).
         streamer: gets `put(prompt)`, `put_draft(value=argmax canvas)` every step (if it has that method), `put(canvas)`
-            after every commit, then `end()`. Lock-step batching only.
+            after every commit, then `end()`. With `batching` unset it selects lock-step; with batching='mixed' the
+            rows commit at different times and the streamer gets the batch round by round (canvas c once every row
+            committed it; `observers.RoundStreamer`).
         logits_processor / stopping_criteria: extra processors (applied before the temperature schedule, on 3-D
             scores) and extra criteria (called after every canvas with `new_token_length=L`).
         past_key_values: a `BlockDiffusionCache` holding an earlier prefix; `input_ids` continue it. Lock-step only.
@@ -251,13 +166,14 @@ def generate(
             the batch, left padding is stripped, and each row's output equals running it alone. "lockstep": all rows
             commit together (the only choice in reference mode, with a streamer or with `past_key_values`).
         max_batch_size: fast mode only: at most this many rows per forward. "mixed" refills a freed slot with the
-            next waiting prompt; "lockstep" runs the batch in consecutive chunks (refused with a streamer or
-            `past_key_values`, which chunks cannot share).
+            next waiting prompt; "lockstep" admits the batch in consecutive slices of this many rows, each a
+            lock-step batch (refused with a streamer, `past_key_values` or `return_trace`, which slices cannot
+            share). What each mode cannot do is refused from one table, `generation.options.CAPABILITIES`.
         compile: True runs every denoising step as one fixed-shape `torch.compile` graph per batch bucket
             (`modeling.compile.compiled_denoise_pass`: decoder + LM head, fullgraph, no recompile across steps and
             canvases); encoder passes stay eager. The graphs are kept on the model for later calls; the first call
-            pays the compilation. A dict passes `mode` ("reduce-overhead": CUDA graphs) or `backend`. Lock-step
-            only: it selects lock-step batching when `batching` is unset.
+            pays the compilation. A dict passes `mode` ("reduce-overhead": CUDA graphs) or `backend`; True means
+            {} (inductor, default mode). Lock-step only: it selects lock-step batching when `batching` is unset.
         batch_invariant: every row runs alone inside the row pool (its own forward and engine step, at the shapes
             of its solo run), so a seeded row's logits and tokens are bit-identical to running it alone with
             `batch_invariant=True`, whatever else shares the batch (prompt lengths, padding, `max_batch_size`).
@@ -266,7 +182,8 @@ def generate(
             of several rows (the vision tower encodes them together). Costs throughput: see docs/generation.md.
         return_trace: also return `out.trace`, a `diffusiongemma.accuracy.Trace` of every canvas and step (input
             canvas, self-conditioning top-k, argmax, entropy, accepted mask, temperature, stop decision, committed
-            tokens; see docs/trace-format.md). Lock-step batching only; implies a dict output. Off: no cost.
+            tokens; see docs/trace-format.md). Lock-step batching only (with `batching` unset it selects lock-step);
+            implies a dict output. Off: no cost.
         trace_top_k: how many of the most likely tokens a trace keeps per position (default 8).
         trace_sc_embedding: the trace also keeps each step's exact self-conditioning input [B, L, H] (4*H bytes
             per position), so a replay needs no top-k approximation.
@@ -281,25 +198,20 @@ def generate(
     Returns:
         `DiffusionGemmaGenerationOutput` (or the sequences [B, P + c*L] when `return_dict_in_generate=False`).
     """
-    # 0. resolve and validate everything once; nothing below reads **kwargs
-    compile_options = compile_options_of(compile, batching)
-    if compile_options is not None and batching is None:
-        batching = "lockstep"
-    batching = invariant_batching(batch_invariant, batching, compile_options, streamer, past_key_values,
-                                  return_trace)
+    # 0. resolve and validate everything once (the run options and the mode: options.py); nothing below reads **kwargs
     run = resolve_run(model, input_ids, attention_mask, generation_config, streamer, logits_processor,
                       stopping_criteria, past_key_values, sampling, seed, generator, batching, max_batch_size, kwargs,
                       return_trace=return_trace, trace_top_k=trace_top_k, trace_sc_embedding=trace_sc_embedding,
-                      constraint=constraint, tokenizer=tokenizer)
-    if run.batching == "chunks":
-        out = generate_in_chunks(partial(generate, compile=compile), model, run)
-    elif run.batching == "mixed":
-        if batch_invariant and run.images is not None and run.input_ids.shape[0] > 1:
+                      constraint=constraint, tokenizer=tokenizer, compile=compile, batch_invariant=batch_invariant)
+    plan = plan_for(model, run)
+    if run.options.mode in ("mixed", "invariant"):
+        invariant = run.options.mode == "invariant"
+        if invariant and run.images is not None and run.input_ids.shape[0] > 1:
             raise ValueError("`batch_invariant=True` with image prompts needs one prompt per call: the vision tower "
                              "encodes a batch's images together")
-        out = generate_mixed(model, run, plan_for(model, run), batch_invariant)
-    else:
-        out = generate_lockstep(model, run, streamer, compile_options)
+        out = generate_mixed(model, run, plan, invariant, streamer)
+    else:  # "lockstep", or "slices": lock-step over slices of `max_batch_size` rows
+        out = generate_lockstep(model, run, plan, streamer, run.options.compile)
     return flag_truncated(out, run, model.canvas_length)
 
 

@@ -1,7 +1,7 @@
 """Mixed-phase batching for `generate`: every prompt is admitted to the row pool (`pool.py`), which runs until it is
 empty; with `max_batch_size` below the batch, a freed slot takes the next waiting prompt.
 
-Lock-step batching (`loop.py`) commits all rows together, so a row whose canvas converged waits for the slowest row,
+Lock-step batching (`lockstep.py`) commits all rows together, so a row whose canvas converged waits for the slowest row,
 and a finished row keeps its place in the batch. In the pool each row moves on as soon as it can. Left padding is
 stripped and every row draws from its own generator, so its output equals running it alone (up to float rounding
 between batch shapes).
@@ -13,7 +13,10 @@ import torch
 
 from ..modeling.vision import PromptImages
 from .engine import Plan
+from .observers import RoundStreamer, wants_drafts
+from .outputs import generation_output
 from .pool import Row, RowPool
+from .resolve import GenerationRun
 
 
 def strip_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[torch.Tensor]:
@@ -37,13 +40,14 @@ def user_criteria_policy(user_criteria, L: int):
 
 def run_mixed(model, plan: Plan, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, generators: list,
               num_canvases: int, eos_ids, pad_token_id, max_batch_size: int, user_criteria=None,
-              first_canvas=None, first_soft=None, images: PromptImages | None = None, batch_invariant: bool = False
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              first_canvas=None, first_soft=None, images: PromptImages | None = None, batch_invariant: bool = False,
+              observers=(), draft: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """input_ids [N, P] (left-padded, `attention_mask` [N, P]) -> (sequences [N, P + c*L] with each row's original
     prompt, its canvases and padding after it finished; denoising passes per row [N] int32).
 
     first_canvas: optional [N, L] ids seeding each row's first canvas; first_soft: optional [N, L, H]; images:
     optional `PromptImages` of the padded batch. batch_invariant: the pool runs every row alone (`invariant.py`).
+    observers: called with every pass's `PassEvents` (observers.py); draft: every row reports its drafts.
 
     Raises:
         NonFiniteLogitsError: some row's logits held NaN/Inf (the first such row, by its place in the batch).
@@ -62,6 +66,7 @@ def run_mixed(model, plan: Plan, input_ids: torch.Tensor, attention_mask: torch.
         pad_token_id=pad_token_id, first_canvas=first_canvas[i] if first_canvas is not None else None,
         first_soft=first_soft[i] if first_soft is not None else None,
         images=images.row(i, None if attention_mask is None else attention_mask[i]) if images is not None else None,
+        draft=draft,
     ) for i, p in enumerate(prompts)]
     waiting.reverse()  # pop() takes the first request
     done: list[Row] = []
@@ -69,6 +74,8 @@ def run_mixed(model, plan: Plan, input_ids: torch.Tensor, attention_mask: torch.
         while waiting and pool.free:
             pool.admit(waiting.pop())
         events = pool.step()
+        for observe in observers:
+            observe(events)
         if events.faulted:
             raise min(events.faulted, key=lambda f: f[0].index)[1]
         done += events.finished
@@ -88,3 +95,32 @@ def assemble(rows: list[Row], input_ids: torch.Tensor, canvas_length: int, fill:
             out[r.index, input_ids.shape[1] : input_ids.shape[1] + len(r.canvases) * canvas_length] = torch.cat(
                 r.canvases)
     return out
+
+
+def generate_mixed(model, run: GenerationRun, plan, batch_invariant: bool = False, streamer=None):
+    """Mixed batching: each row commits as soon as its canvas converged and leaves the batch when it finished.
+    plan: the call's `engine.Plan` (`loop.plan_for`); batch_invariant: every row runs alone (`invariant.py`);
+    streamer: follows the batch round by round (`observers.RoundStreamer`)."""
+    config, stack = run.config, model.get_decoder()
+    sc_logits = run.self_conditioning_logits
+    first_soft = None
+    if sc_logits is not None:
+        dtype = stack.embed_tokens.weight.dtype
+        # batch-invariant (invariant.py, place 4): the soft-embedding matmul row by row, as each row alone
+        first_soft = (torch.cat([stack.soft_embedding(sc_logits[b : b + 1], round_to=dtype)
+                                 for b in range(sc_logits.shape[0])])
+                      if batch_invariant else stack.soft_embedding(sc_logits, round_to=dtype))
+    observers = []
+    if streamer is not None:
+        pad = config.pad_token_id
+        observers.append(RoundStreamer(streamer, run.input_ids.shape[0], model.canvas_length,
+                                       pad if pad is not None else 0))
+        streamer.put(run.input_ids.cpu())
+    sequences, passes = run_mixed(
+        model, plan, run.input_ids, run.attention_mask, run.generators, run.num_canvases, run.eos_ids,
+        config.pad_token_id, run.max_batch_size or run.input_ids.shape[0], run.user_criteria,
+        run.decoder_input_ids, first_soft, run.images, batch_invariant, observers, wants_drafts(streamer),
+    )
+    if streamer is not None:
+        streamer.end()
+    return generation_output(config, sequences, run.input_ids.shape[1], passes)

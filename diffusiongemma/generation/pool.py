@@ -1,17 +1,22 @@
-"""The row pool: admission, prefill, commit, refill and the prefill/denoise/commit phases, once, for mixed `generate`
-and `diffusiongemma serve`.
+"""The row pool: the one executor of denoising. Admission, prefill, the denoising pass, commit, the stop and EOS rules
+and refill happen here, once, for every caller: lock-step and mixed `generate`, `diffusiongemma serve`, trace
+recording and streaming (observers of the pass events).
 
-Every row runs its own block-autoregressive schedule: a converged canvas is committed at once (an encoder pass) and
-the row starts its next canvas while the others keep denoising. Prefill, commit and denoising rows share one forward
-(`model.run_rows`: a causal or bidirectional flag per row over a `RowCache` with one committed length per row); the
-denoising rows then go through the one engine step (`engine.denoise_rows`), grouped by their `Plan`. A row that
-finished leaves, and its slot takes the next admitted row. Mixed `generate` admits every prompt and steps until the
-pool is empty; the server admits from its request queue between passes.
+    admit rows -> pass: one forward (`passes.py`) -> the engine step per plan (`engine.denoise_rows`) -> one host read
+    -> each row's transition (next step, or its canvas ends: commit, EOS, finished) -> `PassEvents` for observers
 
-Rows are independent sequences: a row's prompt has no padding, and it draws only from its own generator, in the
-order it draws when run alone. By default rows share one forward and one engine step, so its tokens equal its solo
-run only up to float rounding between batch shapes; with `batch_invariant` every row runs alone inside the pass and
-its logits and tokens are bit-identical to its solo run (`invariant.py`).
+Two admission policies:
+
+* mixed (the default for per-row samplers, and the server): every row runs its own block-autoregressive schedule. A
+  converged canvas commits at once (an encoder pass) and the row starts its next canvas while the others keep
+  denoising; prefill, commit and denoising rows share one forward (`passes.RowForward`). A finished row leaves and
+  its slot takes the next admitted row. Rows are independent sequences: a row's prompt has no padding, and it draws
+  only from its own generator, in the order it draws when run alone. With `batch_invariant` every row runs alone
+  inside the pass (`invariant.py`).
+* lock-step (`Lockstep`, lockstep.py): all rows are admitted together and commit together over one shared cache
+  (`passes.SharedForward`), as the built-in class runs them; a row whose canvas converged waits, frozen, for the
+  others, and a row that finished its sequence keeps its place (its canvases are padding). Rows of one plan sample
+  in one engine call, so a global-RNG sampler draws in the built-in's order.
 
 Host syncs: the bookkeeping (phase, lengths, steps) stays on the host; a pass reads the device once: every
 denoising row's stop, EOS and fault flags in one `.tolist()` (plus the drafts some rows stream).
@@ -23,18 +28,18 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from ..modeling.cache import RowCache
 from ..modeling.host import device_tensor
-from ..modeling.vision import PromptImages, stack_rows
-from .engine import Plan, StepRows, denoise_rows
+from ..modeling.vision import PromptImages
+from .engine import Plan, StepResult, StepRows, denoise_rows
 from .finite import NonFiniteLogitsError, raise_for_faults
-from .sampler import init_sampler_state
 from .invariant import PerRowCaches
+from .passes import COMMIT, DENOISE, PREFILL, Forward, RowForward
+from .sampler import init_sampler_state
 from .stopping import pad_after_eos
 
-PREFILL, COMMIT, DENOISE = "prefill", "commit", "denoise"
+__all__ = ["COMMIT", "DENOISE", "PREFILL", "PassEvents", "PassRecord", "Row", "RowPool"]
 
 
 @dataclass(eq=False)  # rows are compared by identity (they hold tensors)
@@ -51,6 +56,7 @@ class Row:
     pad_token_id: int | None = None
     first_canvas: torch.Tensor | None = None  # [L] seeds the first canvas
     first_soft: torch.Tensor | None = None  # [L, H] self-conditioning input of the first step
+    offset: int | None = None  # position of its first prompt token's successor: its prompt length without padding
     images: PromptImages | None = None  # [1, P_r] the prompt's image soft tokens (prefill only)
     draft: bool = False  # report the argmax canvas and its entropy after every step (`PassEvents.drafts`)
     owner: object = None  # the caller's handle (the server's job)
@@ -63,10 +69,17 @@ class Row:
     canvases: list = field(default_factory=list)  # committed [L] canvases
     stop_state: torch.Tensor | None = None  # [1, ...] the stopper's history
     sampler_state: torch.Tensor | None = None  # [1, ...] a stateful sampler's state
+    stopped: bool = False  # lock-step: its stopper fired; it waits, frozen, for the others to commit
+    done: bool = False  # lock-step: its sequence finished; it keeps its place until every row has
 
     def __post_init__(self):
         if self.tokens is None:
             self.tokens = self.prompt
+
+    @property
+    def position_offset(self) -> int:
+        """Its prompt length without padding (what processors' `position_offsets` start from)."""
+        return self.offset if self.offset is not None else len(self.prompt)
 
 
 @dataclass
@@ -80,26 +93,65 @@ class PassEvents:
     finished: list = field(default_factory=list)  # rows that are done (already out of the pool)
     faulted: list = field(default_factory=list)  # (row, error): NonFiniteLogitsError, or what its plan's step raised;
     # out of the pool
+    records: list = field(default_factory=list)  # `PassRecord`s, one per engine call (only when the pool records)
+
+
+@dataclass
+class PassRecord:
+    """One engine call of a pass, for observers that need more than tokens (traces, logits streamers).
+
+    Attributes:
+        rows: the rows of the call's group (lock-step: every row of the batch, in order).
+        sampled: indices into `rows` of the rows the engine ran (the others kept what they had).
+        canvas: [g, L] the canvases the decoder read; soft: [g, L, H] their self-conditioning input, or None.
+        steps_remaining: the n (N..1) of the step.
+        active: [g] bool, the rows whose result counts (not stopped, not finished) when the step began.
+        result: the engine's `StepResult` for the sampled rows (with the tempered logits when the pool records).
+        frozen: [g] bool, the rows whose stopper had fired before the step (lock-step), or None: none had.
+        canvas_index: the canvas the step denoised (0-based).
+    """
+
+    rows: list
+    sampled: list[int]
+    canvas: torch.Tensor
+    soft: torch.Tensor | None
+    steps_remaining: int
+    active: torch.Tensor
+    result: StepResult
+    frozen: torch.Tensor | None = None
+    canvas_index: int = 0
 
 
 class RowPool:
-    """Up to `slots` rows sharing one forward per pass over a `RowCache` of `capacity` tokens per row.
+    """Up to `slots` rows sharing one forward per pass.
 
     Args:
         model: the `DiffusionGemmaForBlockDiffusion`.
+        slots: most rows in the pool.
+        capacity: cache slots per row (mixed: `RowCache` room, incl. padding queries of the longest pass).
         stop_after_canvas: optional policy called with the rows whose canvas ended without finishing their sequence;
             returns one bool per row: stop this row now (user stopping criteria, a client that left).
         batch_invariant: every row runs its own forward and its own engine step at the shapes of its solo run, so
             its logits and tokens never depend on the other rows (`invariant.py` lists what this closes).
+        lockstep: the lock-step policy (`lockstep.Lockstep`: all rows admitted together, committing together, over
+            its shared forward), or None for mixed batching.
+        record: keep every engine call's `PassRecord` (with the tempered logits) in the events, for observers.
     """
 
     def __init__(self, model, slots: int, capacity: int, device: torch.device,
-                 stop_after_canvas: Callable[[list[Row]], list[bool]] | None = None, batch_invariant: bool = False):
+                 stop_after_canvas: Callable[[list[Row]], list[bool]] | None = None, batch_invariant: bool = False,
+                 lockstep=None, record: bool = False):
         self.model, self.L = model, model.canvas_length
         self.slots = slots
         self.batch_invariant = batch_invariant
-        cache_class = PerRowCaches if batch_invariant else RowCache
-        self.cache = cache_class(model.get_decoder().shapes, slots, capacity, device)
+        self.lockstep = lockstep
+        self.record = record
+        if lockstep is not None:
+            self.forward = lockstep.forward
+        else:
+            cache_class = PerRowCaches if batch_invariant else RowCache
+            self.cache = cache_class(model.get_decoder().shapes, slots, capacity, device)
+            self.forward = RowForward(model, self.cache, batch_invariant)
         self.stop_after_canvas = stop_after_canvas
         self.active: list[Row] = []
         self.passes = 0
@@ -115,7 +167,7 @@ class RowPool:
         """Take `row` into a free slot; it prefills in the next pass."""
         if not self.free:
             raise RuntimeError("the row pool is full")
-        self.cache.reset(len(self.active))
+        self.forward.reset(len(self.active))
         self.active.append(row)
 
     def remove(self, rows: list[Row]) -> None:
@@ -123,27 +175,22 @@ class RowPool:
         for slot in sorted((self.active.index(r) for r in rows), reverse=True):
             last = len(self.active) - 1
             if slot != last:
-                self.cache.move(last, slot)
+                self.forward.move(last, slot)
                 self.active[slot] = self.active[last]
             self.active.pop()
 
     def step(self) -> PassEvents:
-        """One shared forward over the pool, then every row's transition."""
+        """One forward over the pool, then every row's transition."""
         events = PassEvents()
-        if self.batch_invariant:  # one forward per row, over its own cache (invariant.py, place 1)
-            denoising, hidden, encoding = [], [], []
-            for i, r in enumerate(self.active):
-                d, h, e = forward_pool(self.model, [r], self.cache.row(i), self.L)
-                denoising += [i] * len(d)
-                hidden += [h] * len(d)  # [1, L, H] each
-                encoding += e
-        else:
-            denoising, hidden, encoding = forward_pool(self.model, self.active, self.cache, self.L)
+        out: Forward = self.forward(self.active)
         self.passes += 1
-        if denoising:
-            self._denoise([self.active[i] for i in denoising], hidden, events)
-        for r in encoding:  # prefill or commit done: the next canvas starts
-            self._start_canvas(r)
+        if self.lockstep is not None:
+            self.lockstep.pass_done(self, out, events)
+        else:
+            if out.sampled:
+                self._denoise([self.active[i] for i in out.sampled], out.hidden, events)
+            for r in out.encoding:  # prefill or commit done: the next canvas starts
+                self._start_canvas(r)
         self.remove(events.finished + [r for r, _ in events.faulted])
         return events
 
@@ -162,7 +209,26 @@ class RowPool:
         r.stop_state = plan.stopper.init_state(1, self.L, device)
         r.sampler_state = init_sampler_state(plan.sampler, 1, self.L, device)
 
-    def _denoise(self, rows: list[Row], hidden: torch.Tensor, events: PassEvents) -> None:
+    def engine_step(self, group: list[Row], hidden, logits=None, sequences=None) -> StepResult:
+        """The one engine step for the rows of one plan: hidden [g, L, H] (or logits [g, L, V]) -> `StepResult`.
+
+        sequences: the committed tokens processors see ([g, S'] in lock-step); by default one tensor per row."""
+        plan = group[0].plan
+        states, sampler_states = [r.stop_state for r in group], [r.sampler_state for r in group]
+        if sequences is None:
+            sequences = ([torch.cat([r.prompt, *r.canvases]) for r in group]
+                         if plan.processors or plan.constraint is not None else [])
+        return denoise_rows(self.model, plan, StepRows(
+            hidden=hidden, logits=logits, canvas=torch.stack([r.tokens for r in group]), sequences=sequences,
+            row_ids=[r.index for r in group],
+            position_offsets=[r.position_offset + len(r.canvases) * self.L for r in group],
+            steps_remaining=[r.steps_remaining for r in group],
+            generators=[r.generator for r in group] if plan.sampler.per_row else None,
+            stop_state=torch.cat(states) if states[0] is not None else None,
+            sampler_state=torch.cat(sampler_states) if sampler_states[0] is not None else None,
+        ), keep_logits=self.record)
+
+    def _denoise(self, rows: list[Row], hidden, events: PassEvents) -> None:
         """The engine step for the denoising rows (hidden [d, L, H], or d [1, L, H] in batch-invariant mode), one
         call per plan (batch-invariant: per row, invariant.py place 2), then one host read."""
         groups: dict[int, list[int]] = {}
@@ -176,23 +242,17 @@ class RowPool:
             else:
                 index = device_tensor(members, torch.long, hidden.device) if len(members) < len(rows) else None
                 picked = hidden if index is None else hidden[index]
-            states, sampler_states = [r.stop_state for r in group], [r.sampler_state for r in group]
+            before = (torch.stack([r.tokens for r in group]), soft_of(group)) if self.record else None
             try:
-                out = denoise_rows(self.model, group[0].plan, StepRows(
-                    hidden=picked, canvas=torch.stack([r.tokens for r in group]),
-                    sequences=[torch.cat([r.prompt, *r.canvases]) for r in group]
-                    if group[0].plan.processors or group[0].plan.constraint is not None else [],
-                    row_ids=[r.index for r in group],
-                    position_offsets=[len(r.prompt) + len(r.canvases) * self.L for r in group],
-                    steps_remaining=[r.steps_remaining for r in group],
-                    generators=[r.generator for r in group] if group[0].plan.sampler.per_row else None,
-                    stop_state=torch.cat(states) if states[0] is not None else None,
-                    sampler_state=torch.cat(sampler_states) if sampler_states[0] is not None else None,
-                ))
+                out = self.engine_step(group, picked)
             except Exception as error:  # noqa: BLE001 - one plan's failure (its sampler, stopper, processors) fails
                 # only the rows of that plan; the others' step and state are untouched
                 events.faulted += [(r, error) for r in group]
                 continue
+            if before is not None:
+                events.records.append(PassRecord(group, list(range(len(group))), before[0], before[1],
+                                                 group[0].steps_remaining, torch.ones(len(group), dtype=torch.bool),
+                                                 out, canvas_index=len(group[0].canvases)))
             results.append((group, out))
         flags = []
         for group, out in results:
@@ -231,10 +291,7 @@ class RowPool:
         """Append each ending row's argmax canvas (EOS-padded); a row not done commits it to the cache next pass."""
         undecided = []
         for r, has_eos in ending:
-            canvas = r.argmax
-            if has_eos and r.pad_token_id is not None:
-                canvas = pad_after_eos(canvas[None], r.eos_ids, r.pad_token_id)[0]
-            r.canvases.append(canvas)
+            canvas = commit_canvas(r, has_eos)
             events.committed.append((r, canvas))
             if has_eos or len(r.canvases) >= r.num_canvases:
                 events.finished.append(r)
@@ -245,24 +302,25 @@ class RowPool:
             events.finished += [r for r, stop in zip(undecided, verdicts) if stop]
             undecided = [r for r, stop in zip(undecided, verdicts) if not stop]
         for r in undecided:
-            r.phase, r.tokens = COMMIT, r.argmax
+            r.phase, r.tokens = COMMIT, r.canvases[-1]
 
 
-def forward_pool(model, active: list[Row], cache: RowCache, L: int) -> tuple[list[int], torch.Tensor | None, list]:
-    """One forward over rows in any phase (prefill, commit, denoise), each with its own committed length in `cache`.
+def commit_canvas(r: Row, has_eos: bool) -> torch.Tensor:
+    """Spec D.4.5-6, the one commit: the row's argmax canvas [L] joins its sequence; a row that had finished
+    before gets a canvas of pad, and every token after the canvas' first EOS becomes pad (with a pad id)."""
+    canvas = r.argmax
+    if r.pad_token_id is not None:
+        if r.done:
+            canvas = torch.full_like(canvas, r.pad_token_id)
+        elif has_eos:
+            canvas = pad_after_eos(canvas[None], r.eos_ids, r.pad_token_id)[0]
+    r.canvases.append(canvas)
+    return canvas
 
-    Returns the slots of the denoising rows, their canvas hidden states [d, L, H] (None if none denoise), and the
-    rows that ran in encoder mode (prefill or commit).
-    """
-    tokens = pad_sequence([r.tokens for r in active], batch_first=True)  # [n, T], zero padded
-    q_lens = [len(r.tokens) for r in active]
-    encoder_rows = [r.phase != DENOISE for r in active]
-    soft_slots = [i for i, r in enumerate(active) if r.phase == DENOISE and r.soft is not None]
-    soft = torch.stack([active[i].soft for i in soft_slots]) if soft_slots else None
-    # prefill rows may carry image features (`images`: PromptImages), scattered into their placeholders
-    images = stack_rows([r.images if r.phase == PREFILL else None for r in active], q_lens, tokens.shape[1])
-    hidden = model.run_rows(tokens, cache, q_lens, encoder_rows, soft, soft_slots, images)  # [n, T, H]
-    denoising = [i for i, r in enumerate(active) if r.phase == DENOISE]
-    encoding = [r for r in active if r.phase != DENOISE]
-    picked = hidden[device_tensor(denoising, torch.long, hidden.device), :L] if denoising else None  # [d, L, H]
-    return denoising, picked, encoding
+
+def soft_of(rows: list[Row]) -> torch.Tensor | None:
+    """[g, L, H] the rows' self-conditioning inputs, or None when none has one (zeros stand in for the others)."""
+    have = [r.soft for r in rows if r.soft is not None]
+    if not have:
+        return None
+    return torch.stack([r.soft if r.soft is not None else torch.zeros_like(have[0]) for r in rows])

@@ -2,8 +2,8 @@
 (tests/test_layering.py), so accuracy, which owns the trace format, installs its recorder here when it is imported
 (importing `diffusiongemma` imports it). The loop only asks for a recorder when `return_trace=True`.
 
-A recorder watches a run: `begin_canvas(state, c)` at each canvas, `record_step(before, after)` after each step
-(the state the step read and the one it returned), `finish(sequences)` once, returning the trace.
+A recorder is an observer of the row pool's pass events: `observe(events)` after every pass (one `pool.PassRecord`
+per engine call), `finish(sequences)` once, returning the trace.
 """
 
 from typing import Callable, Protocol
@@ -12,9 +12,7 @@ import torch
 
 
 class StepRecorder(Protocol):
-    def begin_canvas(self, state, canvas: int) -> None: ...
-
-    def record_step(self, before, after) -> None: ...
+    def observe(self, events) -> None: ...
 
     def finish(self, sequences: torch.Tensor): ...
 

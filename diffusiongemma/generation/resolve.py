@@ -19,13 +19,13 @@ from ..modeling.validation import check_left_padding, check_token_ids, padding_v
 from ..modeling.vision import (VISION_INPUTS, PromptImages, check_no_audio_or_video, prompt_images,
                                warn_if_images_missing)
 from .config import DiffusionGemmaGenerationConfig, resolve_generation_config
+from .options import RunOptions, run_options
 from .sampler import Sampler, SamplerContext, row_generators, sampler_class_for, sampler_names
 
 MODEL_KWARGS = ("decoder_input_ids", "self_conditioning_logits", *VISION_INPUTS)
 # Autoregressive sampling knobs that generic callers (the text-generation pipeline adds do_sample=True and
 # temperature=0.7 by default) pass along. Block diffusion always samples, with its own temperature schedule.
 AR_SAMPLING_KWARGS = ("do_sample", "temperature")
-BATCHING = ("mixed", "lockstep")
 
 logger = logging.get_logger(__name__)
 
@@ -52,65 +52,6 @@ def generated_length(config, cur_len: int, explicit: set) -> tuple[int, int]:
             raise ValueError(f"`max_length` ({config.max_length}) must exceed the prompt length ({cur_len})")
         return config.max_length, max_new_tokens
     return config.max_new_tokens + cur_len, config.max_new_tokens
-
-
-def resolve_batching(batching, max_batch_size, per_row: bool, batch: int, streamer, past_key_values) -> str:
-    """"mixed", "lockstep" or "chunks" (lock-step over consecutive chunks of `max_batch_size` rows).
-
-    `per_row`: the sampler draws from one generator per row (`Sampler.per_row`), as mixed batching needs.
-    None picks "mixed" for a per-row sampler with several rows and neither a streamer nor a cache to continue. A streamer and
-    `past_key_values` follow one lock-step batch, so they refuse mixed batching and chunks.
-    """
-    if batching is not None and batching not in BATCHING:
-        raise ValueError(f"`batching` must be one of {list(BATCHING)}, got {batching!r}")
-    if max_batch_size is not None and (isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int)
-                                       or max_batch_size < 1):
-        raise ValueError(f"`max_batch_size` must be a positive int, got {max_batch_size!r}")
-    if not per_row:
-        if batching == "mixed" or max_batch_size is not None:
-            raise ValueError("`batching='mixed'` (also implied by `batch_invariant=True`) and `max_batch_size` need "
-                             "sampling='fast' or another sampler that "
-                             "draws per row (this one draws from the global RNG in the built-in's order, over one "
-                             "lock-step batch)")
-        return "lockstep"
-    if batching == "mixed" and streamer is not None:
-        raise ValueError("a `streamer` follows one lock-step batch: pass batching='lockstep' (or no streamer)")
-    if batching == "mixed" and past_key_values is not None:
-        raise ValueError("`past_key_values` continues one shared cache: pass batching='lockstep'")
-    if batching is None:
-        batching = "mixed" if batch > 1 and streamer is None and past_key_values is None else "lockstep"
-    if batching == "lockstep" and max_batch_size is not None and max_batch_size < batch:
-        shared = [name for name, value in (("streamer", streamer), ("past_key_values", past_key_values))
-                  if value is not None]
-        if shared:
-            raise ValueError(
-                f"`max_batch_size` ({max_batch_size}) below the batch ({batch}) runs lock-step chunks one after "
-                f"another, which cannot share {' or '.join(f'`{n}`' for n in shared)} (one prompt/end sequence, one "
-                f"cache): pass max_batch_size=None (or >= {batch}), or drop {' and '.join(shared)}"
-            )
-        return "chunks"
-    return batching
-
-
-def resolve_trace(return_trace: bool, trace_top_k: int, batching: str, past_key_values) -> int | None:
-    """The top-k width of a trace to record (`diffusiongemma.accuracy`), or None when no trace is recorded.
-
-    A trace follows one lock-step batch from the start of the sequence: mixed batching, lock-step chunks and
-    `past_key_values` are refused.
-    """
-    if not isinstance(return_trace, bool):
-        raise TypeError(f"`return_trace` must be a bool, got {return_trace!r}")
-    if not return_trace:
-        return None
-    if isinstance(trace_top_k, bool) or not isinstance(trace_top_k, int) or trace_top_k < 1:
-        raise ValueError(f"`trace_top_k` must be a positive int, got {trace_top_k!r}")
-    if batching != "lockstep":
-        raise ValueError(f"`return_trace=True` records one lock-step batch, but this call resolved "
-                         f"batching={batching!r}: pass batching='lockstep' (and no `max_batch_size` below the batch)")
-    if past_key_values is not None:
-        raise ValueError("`return_trace=True` records the whole sequence from the prompt on: it cannot continue "
-                         "`past_key_values` (pass the full prompt instead)")
-    return trace_top_k
 
 
 # torch.Generator.manual_seed takes 64 bits, but the CPU generator (mt19937) keeps only the low 32: seeds s and
@@ -155,7 +96,7 @@ class GenerationRun:
     cur_len: int  # S + P
     num_canvases: int
     sampling: str  # the registered sampling name (`sampler.sampling_names`)
-    batching: str  # "mixed", "lockstep" or "chunks"
+    batching: str  # "mixed", "lockstep" or "chunks" (`options.mode` names batch-invariant and slices apart)
     max_batch_size: int | None
     generators: list | None  # fast mode: one per row
     sampler: Sampler
@@ -173,6 +114,7 @@ class GenerationRun:
     tokenizer: object = None  # the tokenizer it was compiled over
     automaton: TokenAutomaton | None = None  # the compiled constraint (constraints/automaton.py)
     max_new_tokens: int = 0  # the resolved budget (the output holds num_canvases whole canvases)
+    options: RunOptions | None = None  # the checked run options and the mode (options.py)
 
     @property
     def fast(self) -> bool:
@@ -183,7 +125,7 @@ class GenerationRun:
 def resolve_run(model, input_ids, attention_mask, generation_config, streamer, logits_processor, stopping_criteria,
                 past_key_values, sampling, seed, generator, batching, max_batch_size, kwargs: dict,
                 return_trace: bool = False, trace_top_k: int = 8, trace_sc_embedding: bool = False,
-                constraint=None, tokenizer=None) -> GenerationRun:
+                constraint=None, tokenizer=None, compile=False, batch_invariant: bool = False) -> GenerationRun:
     """Validate every argument of `generate` (see there) and resolve them into one `GenerationRun`."""
     text = model.config.text_config
     V, L = text.vocab_size, model.canvas_length
@@ -242,10 +184,12 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
     if fast and B > 1 and getattr(streamer, "_takes_logits", False):
         raise ValueError("a streamer with `_takes_logits=True` needs sampling='reference' or a batch of 1: fast mode "
                          "skips the LM head for rows that stopped denoising, so their logits do not exist")
-    batching = resolve_batching(batching, max_batch_size, fast, B, streamer, past_key_values)
-    trace_width = resolve_trace(return_trace, trace_top_k, batching, past_key_values)
-    if trace_sc_embedding and trace_width is None:
-        raise ValueError("`trace_sc_embedding=True` needs `return_trace=True`")
+    options = run_options(batching, max_batch_size, compile, batch_invariant, return_trace, trace_top_k,
+                          trace_sc_embedding, fast, B, streamer, past_key_values)
+    trace_width = options.trace_top_k
+    if trace_width is not None and past_key_values is not None:
+        raise ValueError("`return_trace=True` records the whole sequence from the prompt on: it cannot continue "
+                         "`past_key_values` (pass the full prompt instead)")
     if trace_width is not None and (rest.get("pixel_values") is not None or rest.get("mm_encoder_outputs")):
         raise ValueError("`return_trace=True` records text prompts only: a trace's replay re-encodes the prompt from "
                          "its token ids, without the images")
@@ -259,7 +203,8 @@ def resolve_run(model, input_ids, attention_mask, generation_config, streamer, l
         warn_if_images_missing(model.config, input_ids)
     return GenerationRun(
         config=config, input_ids=input_ids, attention_mask=attention_mask, keep=keep, cur_len=cur_len,
-        num_canvases=num_canvases, sampling=sampling, batching=batching, max_batch_size=max_batch_size,
+        num_canvases=num_canvases, sampling=sampling, batching=options.batching, max_batch_size=max_batch_size,
+        options=options,
         generators=generators,
         sampler=sampler_class(config.sampler_config, SamplerContext(V, config.max_denoising_steps)),
         processors=LogitsProcessorList(logits_processor) if logits_processor else None,

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from transformers import StoppingCriteriaList
 
 from ..stopper_configs import register_stopper_config
 
@@ -129,46 +128,9 @@ def stopper_for(config) -> Stopper:
     return stopper_class_for(stopper_config)(stopper_config)
 
 
-def eos_in_new_tokens(sequences: torch.Tensor, new_tokens: int, eos_ids: torch.Tensor | None) -> torch.Tensor:
-    """[B] bool: some EOS id appears anywhere in the last `new_tokens` tokens."""
-    if eos_ids is None:
-        return torch.zeros(sequences.shape[0], dtype=torch.bool, device=sequences.device)
-    return torch.isin(sequences[:, -new_tokens:], eos_ids).any(dim=-1)
-
-
 def pad_after_eos(canvas: torch.Tensor, eos_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     """Every token after the first EOS of each row becomes pad; the first EOS is kept. canvas [B, L]."""
     is_eos = torch.isin(canvas, eos_ids)
     seen = is_eos.cumsum(dim=-1)
     after_first = (seen > 0) & ~((seen == 1) & is_eos)
     return canvas.masked_fill(after_first, pad_id)
-
-
-def finalize_canvas(
-    sequences: torch.Tensor,
-    finished: torch.Tensor,
-    canvas_length: int,
-    max_length: int | None,
-    pad_id: int | None,
-    eos_ids: torch.Tensor | None,
-    user_criteria: StoppingCriteriaList | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Spec D.4.6 after a commit: sequences [B, S'] (ending in the new canvas), finished [B] ->
-    (sequences with the new canvas padded, finished [B]).
-
-    Rows finished earlier get a new canvas of pad; every token after a row's first EOS becomes pad. The reference
-    does both only when some row finished; here they always run (a no-op otherwise: no earlier-finished row, no EOS
-    in any new canvas), so the host never reads whether any row finished.
-    """
-    L = canvas_length
-    done_now = eos_in_new_tokens(sequences, L, eos_ids)
-    if max_length is not None:
-        done_now = done_now | (sequences.shape[1] >= max_length)
-    if user_criteria:
-        done_now = done_now | user_criteria(sequences, None, new_token_length=L).to(done_now.device)
-    if pad_id is not None:
-        new = sequences[:, -L:].masked_fill(finished[:, None], pad_id)  # [B, L]
-        if eos_ids is not None:
-            new = pad_after_eos(new, eos_ids, pad_id)
-        sequences = torch.cat([sequences[:, :-L], new], dim=-1)
-    return sequences, finished | done_now

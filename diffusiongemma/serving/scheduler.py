@@ -23,11 +23,9 @@ import torch
 from transformers import LogitsProcessorList
 from transformers.utils import logging
 
-from ..constraints.guide import ConstraintGuide
-from ..generation.engine import Plan, soft_embedder
+from ..generation.engine import Plan
+from ..generation.plan import build_plan
 from ..generation.pool import Row, RowPool
-from ..generation.sampler import SamplerContext, sampler_class_for, temperature_schedule
-from ..generation.stopping import stopper_for
 from .drafts import draft_confidence
 from .settings import RequestSettings
 
@@ -190,16 +188,8 @@ class ServingScheduler:
         if s.automaton is not None:  # one guide per constraint and budget; it keeps each row's state by its id
             key += (id(s.automaton), s.max_new_tokens)
         if key not in self._plans:
-            sampler_class = sampler_class_for(c.sampler_config, s.sampling)
-            self._plans[key] = Plan(
-                sampler=sampler_class(c.sampler_config, SamplerContext(self.V, c.max_denoising_steps)),
-                stopper=stopper_for(c), max_steps=c.max_denoising_steps,
-                temperatures=temperature_schedule(c.max_denoising_steps, c.t_min, c.t_max, self.device),
-                processors=self.processors,
-                soft_embed=soft_embedder(self.model.get_decoder(), exact_reference=not sampler_class.per_row),
-                constraint=(ConstraintGuide(s.automaton, self.L, s.max_new_tokens) if s.automaton is not None
-                            else None),
-            )
+            self._plans[key] = build_plan(self.model, c, s.sampling, self.device, self.processors, s.automaton,
+                                          s.max_new_tokens)
             if s.automaton is not None:  # keep the last few: every distinct schema would otherwise stay forever
                 self._constrained.append(key)
                 if len(self._constrained) > MAX_CONSTRAINED_PLANS:

@@ -97,8 +97,11 @@ def test_fast_lockstep_rows_do_not_depend_on_the_batch(model, one_thread):
 
 def test_trace_refuses_mixed_batching_and_bad_widths(model):
     ids = torch.randint(4, 100, (2, 5))
-    with pytest.raises(ValueError, match="batching"):
-        model.generate(ids, sampling="fast", seed=0, return_trace=True, max_new_tokens=16)
+    with pytest.raises(ValueError, match="batching='mixed' cannot run with return_trace"):
+        model.generate(ids, sampling="fast", seed=0, return_trace=True, batching="mixed", max_new_tokens=16)
+    # with `batching` unset a trace selects lock-step (documented at `generate`) instead of failing
+    out = model.generate(ids, sampling="fast", seed=0, return_trace=True, max_new_tokens=16)
+    assert out.trace.manifest["batching"] == "lockstep"
     with pytest.raises(ValueError, match="trace_top_k"):
         model.generate(ids, return_trace=True, trace_top_k=0, max_new_tokens=16)
 

@@ -68,7 +68,7 @@ def test_generate_with_the_logits_projected_too():
     model = tiny_model()
     guide = functools.partial(ConstraintGuide, project_canvas=True)
     ids_ = torch.randint(4, 100, (3, 5), generator=torch.Generator().manual_seed(0))
-    with mock.patch("diffusiongemma.generation.loop.ConstraintGuide", guide):
+    with mock.patch("diffusiongemma.generation.plan.ConstraintGuide", guide):
         for mode in (dict(sampling="reference"), dict(sampling="fast", seed=0)):
             out = model.generate(ids_, constraint=Regex(r"[0-9]{2}(,[0-9]{2})+"), tokenizer=TOK, max_new_tokens=32,
                                  max_denoising_steps=4, eos_token_id=EOS, pad_token_id=PAD, **mode)

@@ -56,3 +56,17 @@ def test_a_tokenizer_whose_decode_is_not_its_pieces_is_refused():
                                               r"decoders.Fuse"):
         compile_constraint(JsonSchema({"type": "object"}), spaced, 128, [1], 0)
     compile_constraint(JsonSchema({"type": "boolean"}), tiny_tokenizer(), 128, [1], 0)  # Fuse: accepted
+
+
+def test_the_cache_tells_tokenizers_apart_by_their_decoder():
+    # same vocabulary, one without a decoder: its refusal is not served to the other from the cache
+    import pytest
+
+    from diffusiongemma import ConstraintError, Regex
+    from diffusiongemma.constraints import compile_constraint
+
+    spaced = tiny_tokenizer()
+    spaced.backend_tokenizer.decoder = None
+    with pytest.raises(ConstraintError, match="not the concatenation"):
+        compile_constraint(Regex("k[0-9]k"), spaced, 128, [1], 0)
+    compile_constraint(Regex("k[0-9]k"), tiny_tokenizer(), 128, [1], 0)

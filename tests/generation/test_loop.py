@@ -1,4 +1,5 @@
-"""`generate` bookkeeping in fast mode: per-row seeds, row independence, skipped rows (generation/loop.py)."""
+"""`generate` bookkeeping in fast mode: per-row seeds, row independence, skipped rows (generation/loop.py,
+lockstep.py)."""
 
 import pytest
 import torch
@@ -47,12 +48,12 @@ def test_fast_seed_and_generator_fix_the_output(model):
 
 
 def count_steps(monkeypatch) -> list:
-    """Patch `loop.denoise_step` to record, per call, how many rows ran (None: every row)."""
-    from diffusiongemma.generation import loop
+    """Patch the lock-step policy's denoising pass to record, per pass, the rows that ran the engine."""
+    from diffusiongemma.generation.lockstep import Lockstep
 
-    calls, real = [], loop.denoise_step
-    monkeypatch.setattr(loop, "denoise_step", lambda m, state, settings: calls.append(state.rows) or real(m, state,
-                                                                                                     settings))
+    calls, real = [], Lockstep.denoise
+    monkeypatch.setattr(Lockstep, "denoise", lambda self, pool, rows, out, events: calls.append(list(out.sampled))
+                        or real(self, pool, rows, out, events))
     return calls
 
 
@@ -86,9 +87,9 @@ def test_lockstep_chunks_refuse_what_they_cannot_share(model):
             pass
 
     ids = prompts(3)
-    with pytest.raises(ValueError, match=r"below the batch \(3\).*`streamer`"):
+    with pytest.raises(ValueError, match=r"lock-step slices .* cannot run with streamer"):
         model.generate(ids, sampling="fast", batching="lockstep", max_batch_size=2, streamer=Recorder(), **KW)
-    with pytest.raises(ValueError, match=r"`past_key_values`"):
+    with pytest.raises(ValueError, match=r"cannot run with past_key_values: .*max_batch_size=None"):
         model.generate(ids, sampling="fast", max_batch_size=2, past_key_values=model.new_cache(), **KW)
     # chunks alone still run: each row's tokens are those of its chunk run alone
     seq = model.generate(ids, sampling="fast", batching="lockstep", max_batch_size=2, seed=[4, 5, 6], **KW).sequences

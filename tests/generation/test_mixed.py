@@ -140,8 +140,6 @@ def test_bad_batching_arguments(model):
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="`max_batch_size` must be a positive int"):
             model.generate(ids, sampling="fast", max_batch_size=bad, **KW)
-    with pytest.raises(ValueError, match="streamer"):
-        model.generate(ids, sampling="fast", batching="mixed", streamer=object(), **KW)
     with pytest.raises(ValueError, match="past_key_values"):
         model.generate(ids, sampling="fast", batching="mixed", past_key_values=model.new_cache(), **KW)
     with pytest.raises(ValueError, match=r"marks every token of batch rows \[1\] as padding"):
@@ -187,3 +185,36 @@ def test_user_criteria_add_one_read_when_a_canvas_ends(model, monkeypatch):
         end = syncs.total
     per_pass = counter.per_pass(end)
     assert max(per_pass) == 2 and per_pass.count(2) <= 3, per_pass  # at most one per row: its first canvas ends
+
+
+class RoundRecorder:
+    def __init__(self):
+        self.calls = []
+
+    def put(self, value):
+        self.calls.append(("put", value.clone()))
+
+    def put_draft(self, value=None, logits=None):
+        self.calls.append(("draft", value.clone()))
+
+    def end(self):
+        self.calls.append(("end", None))
+
+
+def test_a_streamer_follows_a_mixed_batch_round_by_round(model):
+    """Rows of a mixed batch commit in different passes; the streamer (an observer of the pool's events) still gets
+    the prompt, [B, L] drafts, and canvas c of every row once all rows committed it (pad for finished rows), so
+    the committed rounds are exactly the output's canvases; and streaming changes no token."""
+    ids = prompts(3)
+    kw = dict(KW, eos_token_id=7)
+    plain = model.generate(ids, sampling="fast", seed=[5, 9, 2], batching="mixed", **kw).sequences
+    streamer = RoundRecorder()
+    out = model.generate(ids, sampling="fast", seed=[5, 9, 2], batching="mixed", streamer=streamer, **kw).sequences
+    assert torch.equal(out, plain)
+    kinds = [k for k, _ in streamer.calls]
+    assert kinds[0] == "put" and kinds[-1] == "end" and "draft" in kinds
+    assert torch.equal(streamer.calls[0][1], ids)
+    rounds = [v for k, v in streamer.calls[1:] if k == "put"]
+    assert all(r.shape == (3, L) for r in rounds)
+    assert torch.equal(torch.cat(rounds, dim=1), out[:, ids.shape[1]:])
+    assert all(v.shape == (3, L) for k, v in streamer.calls if k == "draft")

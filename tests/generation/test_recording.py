@@ -15,9 +15,9 @@ def test_accuracy_installs_its_recorder_and_generate_uses_it(monkeypatch):
     seen = []
 
     class Spy(TraceRecorder):
-        def record_step(self, before, after):
-            seen.append(after.canvas.shape)
-            super().record_step(before, after)
+        def record_step(self, record):  # one `pool.PassRecord` per engine call of a pass
+            seen.append(record.canvas.shape)
+            super().record_step(record)
 
     monkeypatch.setattr(recording, "_FACTORY", [Spy])
     torch.manual_seed(0)
