@@ -11,7 +11,7 @@ import pytest
 PACKAGE = pathlib.Path(__file__).parents[1] / "diffusiongemma"
 ROOT = "diffusiongemma"  # the node of the top-level package itself (its __init__)
 UPPER = ("generation", "quantization", "training", "serving", "accuracy", "sudoku", "cli", "loading", "model")
-BOTTOM = ("generation_config.py", "sampler_configs.py", "stopper_configs.py", "cli_types.py", "version.py")
+BOTTOM = ("generation_config.py", "sampler_configs.py", "stopper_configs.py", "config_registry.py", "cli_types.py", "version.py")
 # The layers below the public class (`model.py`, which joins the network with `generate`, the loss and loading):
 # none of them may import it, so the class is the only place where they meet.
 BELOW_MODEL = ("modeling", "generation", "training", "quantization", "loading", "io")
