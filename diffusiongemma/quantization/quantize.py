@@ -260,6 +260,8 @@ def quantize_checkpoint(src: str, dst: str, scheme: str, prompts: list[str] | No
         raise ValueError(f"unknown scheme {scheme!r}; supported: {', '.join(SCHEMES)}")
     if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes <= 0:
         raise ValueError(f"`max_shard_bytes` must be a positive int, got {max_shard_bytes!r}")
+    if not os.path.isdir(src):  # before the Auto class, which would read a missing path as a Hub repo id
+        raise FileNotFoundError(f"model folder {src} does not exist")
     if os.path.abspath(src) == os.path.abspath(dst):
         raise ValueError(f"the output folder must differ from the source folder ({src}): quantize into a new folder")
     if not overwrite and holds_checkpoint(Path(dst)):  # refuse before the (long) quantization, not after
