@@ -3,6 +3,7 @@ client that shows the denoising drafts live)."""
 
 import json
 import os
+import signal
 import sys
 import threading
 
@@ -106,8 +107,11 @@ def stopping_server_class():
         def __init__(self, served, config):
             super().__init__(config)
             self.served = served
+            self.interrupted = False  # a Ctrl-C came: exit 130 even when uvicorn does not re-raise it
 
         def handle_exit(self, sig, frame) -> None:
+            if sig == signal.SIGINT:
+                self.interrupted = True
             if not self.should_exit:  # the signal handler runs on the event loop: join the scheduler elsewhere
                 threading.Thread(target=self.served.state.shutdown, name="diffusiongemma-stop", daemon=True).start()
             super().handle_exit(sig, frame)
@@ -155,6 +159,9 @@ def run_serve(args) -> int:
         return 130
     finally:
         served.state.shutdown()
+    if server.interrupted:  # uvicorn re-raises a handled Ctrl-C only when asyncio's own SIGINT handler lets it
+        print("stopped (interrupted)", file=sys.stderr)
+        return 130
     if not server.started:
         return 1  # uvicorn logged why (the port is taken, ...)
     return 0
