@@ -37,7 +37,11 @@ STEP_TENSORS = {
     "accepted": (torch.bool, "RBL"),
     "stopped": (torch.bool, "RB"),
 }
-OPTIONAL_STEP_TENSORS = {"sc_embedding": (torch.float32, "RBLH")}  # exact self-conditioning input
+OPTIONAL_STEP_TENSORS = {
+    "sc_embedding": (torch.float32, "RBLH"),  # exact self-conditioning input
+    "draw_ids": (torch.int32, "RBL"),  # each position's drawn token (samplers that draft every position)
+    "draw_logprobs": (torch.float32, "RBL"),  # its log-probability under the step's tempered distribution
+}
 BASE_TENSORS = {"sequences": (torch.int32, "BT"), "attention_mask": (torch.bool, "BP")}
 REQUIRED_MANIFEST = ("format", "version", "prompt_length", "canvas_length")
 
@@ -211,7 +215,9 @@ def validate(trace: Trace) -> None:
     _check(bool(((ci >= 0) & (ci < canvases)).all()), f"tensor `canvas_index` must lie in [0, {canvases}) (the "
            "canvases in `sequences`)")
     _check(bool((ci[1:] >= ci[:-1]).all()), "tensor `canvas_index` must be non-decreasing (records in canvas order)")
-    for name in ("input_canvas", "argmax", "topk_ids", "sc_ids"):
+    _check(("draw_ids" in t) == ("draw_logprobs" in t), "tensors `draw_ids` and `draw_logprobs` go together: the "
+           "trace holds only one of them")
+    for name in ("input_canvas", "argmax", "topk_ids", "sc_ids", "draw_ids")[:5 if "draw_ids" in t else 4]:
         _check(bool((t[name] >= 0).all()), f"tensor `{name}` holds negative token ids")
         if vocab is not None:
             _check(bool((t[name] < vocab).all()), f"tensor `{name}` holds token ids outside [0, vocab_size={vocab})")
@@ -291,7 +297,8 @@ def _check_values(t: dict) -> None:
     active = t["active"]  # [R, B]
     _check(bool(active.any()), "tensor `active` is False everywhere: no row of any record can be compared")
     eps = 1e-4  # float rounding of a log-softmax
-    for name, where in (("topk_logprobs", active), ("sc_logprobs", active & t["sc_present"])):
+    compared = [("topk_logprobs", active), ("sc_logprobs", active & t["sc_present"])]
+    for name, where in compared + ([("draw_logprobs", active)] if "draw_logprobs" in t else []):
         values = t[name][where]
         _check(not bool(values.isnan().any()), f"tensor `{name}` holds NaN")
         _check(bool((values <= eps).all()), f"tensor `{name}` holds positive log-probabilities (> {eps})")
