@@ -93,6 +93,7 @@ def no_stay_route(canvas, x0, i, predictors, vocab_size, real=discrete_ddim.rout
 
 PLANTED = {
     "confidence_threshold": (confidence_threshold, "threshold_commits", least_probable_first),
+    "confidence_factor": (confidence_threshold, "threshold_commits", least_probable_first),
     "block_refinement": (block_refinement, "quota_commits", least_probable_quota),
     "discrete_ddim": (discrete_ddim, "route_probabilities", shifted_time_grid),
 }
