@@ -7,7 +7,7 @@ the reason). The `model` check (our distribution against the recorded one) lives
     self_conditioning  the recorded input against the previous step's recorded distribution; none at a first step
     stop               the recorded stop decision against the stopper fed the recorded argmax and entropy history
     commit             the committed canvas against the last active step's argmax, EOS and pad rules applied
-    acceptance         the recorded accepted mask against the sampler's rule on the recorded entropies
+    acceptance         the recorded accepted mask against the sampler's own rule (acceptance.py)
     renoise            positions not accepted hold fresh uniform noise, not the step's sample
 
 Legend: R records, B batch, L canvas length, k top-k width, V vocab.
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..generation.entropy_bound import entropy_bound_accept, temperature_at
+from ..generation.entropy_bound import temperature_at
 from ..generation.stopping import StableAndConfidentStopper, pad_after_eos
 
 CHECKS = ("model", "temperature", "self_conditioning", "stop", "commit", "acceptance", "renoise")
@@ -32,6 +32,7 @@ class Tolerances:
     sc_embedding: largest |value| of the self-conditioning input where none is due (exactly zero by default).
     near_tie: relative slack of a threshold comparison (entropy bound, confidence threshold) within which either
     decision passes. renoise_sigmas: binomial z-score above which too many non-accepted positions hold the argmax.
+    route_sigmas: binomial z-score of discrete DDIM's clean-route count against its route probabilities.
     """
 
     temperature: float = 1e-3
@@ -39,6 +40,7 @@ class Tolerances:
     sc_embedding: float = 0.0
     near_tie: float = 1e-3
     renoise_sigmas: float = 6.0
+    route_sigmas: float = 6.0
 
 
 @dataclass
@@ -242,50 +244,22 @@ def check_commit(t: dict, settings: dict, prompt_length: int, canvas_length: int
     return out.result
 
 
-def check_acceptance(t: dict, sampler_config, tol: Tolerances, max_steps: int | None = None) -> CheckResult:
-    """Entropy-bound samplers: the accepted mask against `entropy_bound_accept` on the recorded entropies (a position
-    accepted with the bound lowered by tol.near_tie, or refused with it raised by as much, must be so). Block
-    refinement and confidence threshold pick from their drawn tokens' probabilities, which a trace does not hold:
-    what their rule fixes regardless of the draw is checked (`check_committed_masks`). Discrete DDIM: skipped."""
-    from ..generation.block_refinement import BlockRefinementSamplerConfig
-    from ..generation.confidence_threshold import ConfidenceThresholdSamplerConfig
-    from ..sampler_configs import EntropyBoundSamplerConfig
-
-    if isinstance(sampler_config, (BlockRefinementSamplerConfig, ConfidenceThresholdSamplerConfig)):
-        return check_committed_masks(t, sampler_config, max_steps)
-    if not isinstance(sampler_config, EntropyBoundSamplerConfig):
-        return skipped("acceptance", f"{type(sampler_config).__name__} accepts from its drawn tokens' "
-                                     "probabilities, which the trace does not record")
-    bound = float(sampler_config.entropy_bound)
-    slack = tol.near_tie * bound
-    out = _Collector("acceptance")
-    for r in range(t["active"].shape[0]):
-        c, s = _where(t, r)
-        entropy = t["entropy"][r].double()
-        must = entropy_bound_accept(entropy, bound - slack)
-        may = entropy_bound_accept(entropy, bound + slack)
-        for b in torch.nonzero(t["active"][r]).view(-1).tolist():
-            out.count()
-            acc = t["accepted"][r, b]
-            bad = (must[b] & ~acc) | (acc & ~may[b])
-            if bool(bad.any()):
-                p = int(torch.nonzero(bad)[0])
-                out.fail(c, s, b, p, f"recorded accepted={bool(acc[p])} at entropy {float(entropy[b, p]):.4g}; the "
-                                     f"entropy bound {bound} says {bool(may[b, p])} "
-                                     f"({int(acc.sum())} accepted, the rule {int(must[b].sum())})")
-    return out.result
-
-
-def check_renoise(t: dict, sampler_config, vocab_size: int | None, tol: Tolerances) -> CheckResult:
+def check_renoise(t: dict, sampler_config, vocab_size: int | None, tol: Tolerances,
+                  max_steps: int | None = None) -> CheckResult:
     """Positions not accepted at a step are fresh uniform noise in the next step's input canvas: the number of them
     that hold this step's argmax may exceed the binomial count of chance (1 / V) by at most tol.renoise_sigmas
-    standard deviations (and 2 tokens), per row and step. Discrete DDIM keeps x_t on its "stay" route: skipped."""
-    from ..generation.discrete_ddim import DiscreteDDIMSamplerConfig
+    standard deviations (and 2 tokens), per row and step. Discrete DDIM keeps x_t on its "stay" route, so there the
+    count is of refused positions that moved and hold x0 (the recorded `draw_ids`; skipped without them), at
+    predictor steps only (a corrector pass resamples from the model, not from noise)."""
+    from ..generation.discrete_ddim import DiscreteDDIMSamplerConfig, pass_schedule
 
     if vocab_size is None:
         return skipped("renoise", "manifest lacks `vocab_size` (chance of a noise token equal to the argmax)")
-    if isinstance(sampler_config, DiscreteDDIMSamplerConfig):
-        return skipped("renoise", "discrete DDIM keeps the input token on its stay route (not noise)")
+    ddim = isinstance(sampler_config, DiscreteDDIMSamplerConfig)
+    if ddim and ("draw_ids" not in t or max_steps is None):
+        return skipped("renoise", "discrete DDIM keeps the input token on its stay route: judging its noise needs "
+                                  "the drawn x0 (`draw_ids`) and `max_denoising_steps`")
+    schedule = pass_schedule(int(max_steps), sampler_config.corrector_steps) if ddim else None
     out = _Collector("renoise")
     p0 = 1.0 / vocab_size
     ci = t["canvas_index"]
@@ -293,19 +267,25 @@ def check_renoise(t: dict, sampler_config, vocab_size: int | None, tol: Toleranc
         if int(ci[r + 1]) != int(ci[r]):
             continue
         c, s = _where(t, r)
+        if ddim and (s >= len(schedule) or schedule[s][1]):
+            continue
         both = t["active"][r] & t["active"][r + 1]
         for b in torch.nonzero(both).view(-1).tolist():
             refused = ~t["accepted"][r, b]
+            nxt = t["input_canvas"][r + 1, b]
+            if ddim:  # the stay route keeps x_t: only the positions that moved were re-noised
+                refused = refused & (nxt != t["input_canvas"][r, b])
             n = int(refused.sum())
             if n == 0:
                 continue
             out.count()
-            kept = refused & (t["input_canvas"][r + 1, b] == t["argmax"][r, b])
+            kept = refused & (nxt == (t["draw_ids"][r, b] if ddim else t["argmax"][r, b]))
             hits = int(kept.sum())
             limit = n * p0 + tol.renoise_sigmas * math.sqrt(n * p0 * (1 - p0)) + 2
             if hits > limit:
+                what = "x0 (the draw)" if ddim else "this step's argmax"
                 out.fail(c, s, b, int(torch.nonzero(kept)[0]),
-                         f"{hits} of {n} non-accepted positions hold this step's argmax in the next input "
+                         f"{hits} of {n} non-accepted positions hold {what} in the next input "
                          f"(chance {n * p0:.2f}): not re-noised")
     return out.result
 
@@ -316,6 +296,8 @@ def run_checks(trace, sampler_config, stopper, tol: Tolerances) -> dict[str, Che
     sampler_config: the recorded sampler's config (None: not recorded, acceptance and renoise skipped); stopper: the
     recorded stopper (None: stop skipped). A minimal trace skips them all; a missing field skips only its checks.
     """
+    from .acceptance import check_acceptance
+
     names = CHECKS[1:]
     if trace.is_minimal:
         return {n: skipped(n, "minimal trace (no per-step records)") for n in names}
@@ -331,10 +313,12 @@ def run_checks(trace, sampler_config, stopper, tol: Tolerances) -> dict[str, Che
         "self_conditioning": check_self_conditioning(t, m, tol),
         "stop": check_stop(t, stopper, tol),
         "commit": check_commit(t, settings, trace.prompt_length, trace.canvas_length),
-        "acceptance": (check_acceptance(t, sampler_config, tol, settings.get("max_denoising_steps"))
+        "acceptance": (check_acceptance(t, sampler_config, tol, settings.get("max_denoising_steps"),
+                                        m.get("vocab_size"))
                        if sampler_config is not None
                        else skipped("acceptance", no_sampler)),
-        "renoise": (check_renoise(t, sampler_config, m.get("vocab_size"), tol) if sampler_config is not None
+        "renoise": (check_renoise(t, sampler_config, m.get("vocab_size"), tol, settings.get("max_denoising_steps"))
+                    if sampler_config is not None
                     else skipped("renoise", no_sampler)),
     }
 
@@ -354,30 +338,3 @@ def recorded_sampler_config(manifest: dict):
     except (KeyError, TypeError, ValueError) as error:
         raise TraceFormatError(f"manifest `generation_config.sampler_config` ({name}) cannot be rebuilt: "
                                f"{error}") from None
-
-
-def check_committed_masks(t: dict, sampler_config, max_steps: int | None) -> CheckResult:
-    """Commit-style samplers (`accepted` is the committed mask after the step): a committed position stays committed
-    for the rest of the canvas, and block refinement has committed at least its quota, min(L, ceil((s + 1) L / N))
-    positions after step s (N: `max_denoising_steps`, needed for the quota part)."""
-    from ..generation.block_refinement import BlockRefinementSamplerConfig
-
-    quota = isinstance(sampler_config, BlockRefinementSamplerConfig) and max_steps is not None
-    out = _Collector("acceptance")
-    L = t["accepted"].shape[-1]
-    for r in range(t["active"].shape[0]):
-        c, s = _where(t, r)
-        for b in torch.nonzero(t["active"][r]).view(-1).tolist():
-            out.count()
-            acc = t["accepted"][r, b]
-            if s > 0:
-                lost = t["accepted"][r - 1, b] & ~acc
-                if bool(lost.any()):
-                    out.fail(c, s, b, int(torch.nonzero(lost)[0]), "a committed position is no longer committed")
-                    continue
-            if quota:
-                target = min(L, -(-(s + 1) * L // int(max_steps)))
-                if int(acc.sum()) < target:
-                    out.fail(c, s, b, None, f"{int(acc.sum())} positions committed after step {s}, block refinement's "
-                                            f"quota is {target} (L = {L}, N = {max_steps})")
-    return out.result

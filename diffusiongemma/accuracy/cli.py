@@ -141,6 +141,8 @@ def add_accuracy_commands(subparsers) -> None:
                         "within which either decision passes (default 1e-3)")
     p.add_argument("--renoise-sigmas", type=_non_negative, default=None,
                    help="check `renoise`: binomial z-score of non-accepted positions holding the argmax (default 6)")
+    p.add_argument("--route-sigmas", type=_non_negative, default=None,
+                   help="check `acceptance`, discrete DDIM: binomial z-score of the clean-route count (default 6)")
     from .engine_compare import add_engine_arguments
 
     add_engine_arguments(p)
@@ -285,7 +287,8 @@ def trace_checks(trace, model, args) -> dict:
     stopper = replay_stopper(trace, model) if recorded_stop else None
     tol = Tolerances(**{k: v for k, v in (("temperature", args.temperature_tol), ("sc_logprob", args.sc_tol),
                                           ("sc_embedding", args.sc_embedding_tol), ("near_tie", args.near_tie),
-                                          ("renoise_sigmas", args.renoise_sigmas)) if v is not None})
+                                          ("renoise_sigmas", args.renoise_sigmas),
+                                          ("route_sigmas", args.route_sigmas)) if v is not None})
     return run_checks(trace, recorded_sampler_config(trace.manifest), stopper, tol)
 
 

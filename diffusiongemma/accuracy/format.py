@@ -38,7 +38,11 @@ STEP_TENSORS = {
     "accepted": (torch.bool, "RBL"),
     "stopped": (torch.bool, "RB"),
 }
-OPTIONAL_STEP_TENSORS = {"sc_embedding": (torch.float32, "RBLH")}  # exact self-conditioning input
+OPTIONAL_STEP_TENSORS = {
+    "sc_embedding": (torch.float32, "RBLH"),  # exact self-conditioning input
+    "draw_ids": (torch.int32, "RBL"),  # each position's drawn token (samplers that draft every position)
+    "draw_logprobs": (torch.float32, "RBL"),  # its log-probability under the step's tempered distribution
+}
 ROW_INDEX = "row_index"  # int32 [R], mixed batching: the row of `sequences` each record is (its tensors [R, 1, ...])
 BASE_TENSORS = {"sequences": (torch.int32, "BT"), "attention_mask": (torch.bool, "BP")}
 REQUIRED_MANIFEST = ("format", "version", "prompt_length", "canvas_length")
@@ -251,7 +255,9 @@ def validate(trace: Trace) -> None:
     new_row = rows[1:] != rows[:-1] if rows is not None else torch.zeros(max(len(ci) - 1, 0), dtype=torch.bool)
     _check(bool(((ci[1:] >= ci[:-1]) | new_row).all()), "tensor `canvas_index` must be non-decreasing (records in "
            "canvas order; in a mixed trace, within each row)")
-    for name in ("input_canvas", "argmax", "topk_ids", "sc_ids"):
+    _check(("draw_ids" in t) == ("draw_logprobs" in t), "tensors `draw_ids` and `draw_logprobs` go together: the "
+           "trace holds only one of them")
+    for name in ("input_canvas", "argmax", "topk_ids", "sc_ids", "draw_ids")[:5 if "draw_ids" in t else 4]:
         _check(bool((t[name] >= 0).all()), f"tensor `{name}` holds negative token ids")
         if vocab is not None:
             _check(bool((t[name] < vocab).all()), f"tensor `{name}` holds token ids outside [0, vocab_size={vocab})")
@@ -332,7 +338,8 @@ def _check_values(t: dict) -> None:
     active = t["active"]  # [R, B]
     _check(bool(active.any()), "tensor `active` is False everywhere: no row of any record can be compared")
     eps = 1e-4  # float rounding of a log-softmax
-    for name, where in (("topk_logprobs", active), ("sc_logprobs", active & t["sc_present"])):
+    compared = [("topk_logprobs", active), ("sc_logprobs", active & t["sc_present"])]
+    for name, where in compared + ([("draw_logprobs", active)] if "draw_logprobs" in t else []):
         values = t[name][where]
         _check(not bool(values.isnan().any()), f"tensor `{name}` holds NaN")
         _check(bool((values <= eps).all()), f"tensor `{name}` holds positive log-probabilities (> {eps})")

@@ -28,6 +28,19 @@ def top_k_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     return ids.to(torch.int32), values
 
 
+def drawn_tokens(result, sampled: list[int], B: int, device) -> dict[str, torch.Tensor]:
+    """The optional `draw_ids` / `draw_logprobs` records [1, B, L] (docs/trace-format.md): each position's drawn token
+    and its log-probability under the step's tempered distribution (rows that did not run: id 0, log-prob 0)."""
+    drawn = result.drawn.long()  # [B', L]
+    logprobs = torch.log_softmax(result.logits.float(), dim=-1).gather(-1, drawn[..., None])[..., 0]  # [B', L]
+    ids = drawn.to(torch.int32)
+    if len(sampled) < B:
+        index = torch.tensor(sampled, device=device)
+        ids = torch.zeros(B, ids.shape[1], dtype=ids.dtype, device=device).index_copy(0, index, ids)
+        logprobs = torch.zeros(B, ids.shape[1], device=device).index_copy(0, index, logprobs)
+    return {"draw_ids": ids[None], "draw_logprobs": logprobs[None]}
+
+
 def config_hash(config) -> str:
     """sha256 of the model config as sorted JSON, without private keys (`_name_or_path`, ...) and the
     transformers version, so two copies of one checkpoint hash alike."""
@@ -140,6 +153,8 @@ class TraceRecorder:
             accepted = torch.zeros(B, L, dtype=torch.bool, device=device).index_copy(0, index, accepted)
         frozen = record.frozen.to(device) if record.frozen is not None else torch.zeros(B, dtype=torch.bool,
                                                                                            device=device)
+        if result.drawn is not None:  # samplers that draft every position: the draw and its tempered log-prob
+            self._add(**drawn_tokens(result, record.sampled, B, device))
         if self.run.trace_sc_embedding:  # the decoder's exact self-conditioning input (zeros: none)
             soft = record.soft if record.soft is not None else record.canvas.new_zeros(B, L, self.hidden)
             self._add(sc_embedding=soft.float()[None])
@@ -193,6 +208,10 @@ class TraceRecorder:
             argmax=result.argmax[j : j + 1].to(torch.int32)[None], entropy=result.entropy[j : j + 1].float()[None],
             accepted=result.accepted[j : j + 1][None], stopped=result.stop[j : j + 1].bool()[None],
         )
+        if result.drawn is not None:  # samplers that draft every position: the draw and its tempered log-prob
+            drawn = result.drawn[j : j + 1].long()  # [1, L]
+            drawn_lp = torch.log_softmax(result.logits[j : j + 1].float(), dim=-1).gather(-1, drawn[..., None])[..., 0]
+            self._add(draw_ids=drawn.to(torch.int32)[None], draw_logprobs=drawn_lp[None])
         self.row_sc[row.index] = (ids, logprobs)
 
     def finish(self, sequences: torch.Tensor) -> Trace:

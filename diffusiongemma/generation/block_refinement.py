@@ -95,7 +95,7 @@ class BlockRefinementSampler(CommitSampler):
         if self.editing_threshold is not None:
             edits = committed & (d.tokens != canvas) & (d.confidence > self.editing_threshold)
         canvas, committed = commit(canvas, committed, d.tokens, new, edits, self.vocab_size, generators)  # RNG
-        return StepOutput(canvas, d.argmax, committed, d.entropy, d.soft, committed)
+        return StepOutput(canvas, d.argmax, committed, d.entropy, d.soft, committed, d.tokens)
 
 
 class BlockRefinementReferenceSampler(BlockRefinementSampler):

@@ -80,7 +80,7 @@ class ConfidenceThresholdSampler(CommitSampler):
         d = draft(logits, self.greedy, generators, soft_embed)  # RNG: the draft
         new = threshold_commits(committed, d.confidence, self.threshold, self.factor)
         canvas, committed = commit(canvas, committed, d.tokens, new, None, self.vocab_size, generators)  # RNG
-        return StepOutput(canvas, d.argmax, committed, d.entropy, d.soft, committed)
+        return StepOutput(canvas, d.argmax, committed, d.entropy, d.soft, committed, d.tokens)
 
 
 class ConfidenceThresholdReferenceSampler(ConfidenceThresholdSampler):

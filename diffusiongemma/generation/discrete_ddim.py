@@ -192,7 +192,7 @@ class DiscreteDDIMSampler:
         noise = random_tokens(self.vocab_size, tuple(canvas.shape), canvas.device, generators)
         nxt = torch.where(routes == 0, d.tokens, canvas)
         nxt = torch.where(routes == 2, noise, nxt)
-        return StepOutput(nxt, d.argmax, routes == 0, d.entropy, d.soft)
+        return StepOutput(nxt, d.argmax, routes == 0, d.entropy, d.soft, drawn=d.tokens)
 
     def _correct(self, logits, canvas, i, generators, d) -> StepOutput:
         cfg = self.config
@@ -207,7 +207,7 @@ class DiscreteDDIMSampler:
         nxt[rows, positions] = resampled
         held = torch.ones_like(canvas, dtype=torch.bool)
         held[rows, positions] = False
-        return StepOutput(nxt, d.argmax, held, d.entropy, d.soft)
+        return StepOutput(nxt, d.argmax, held, d.entropy, d.soft, drawn=d.tokens)
 
 
 def merge(parts: list[tuple[torch.Tensor, torch.Tensor | None]], batch: int) -> torch.Tensor | None:

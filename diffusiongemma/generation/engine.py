@@ -103,6 +103,7 @@ class StepResult:
     temperature: torch.Tensor  # [B'] fp32
     logits: torch.Tensor | None = None  # [B', L, V] tempered, when asked for (traces, logits streamers)
     sampler_state: torch.Tensor | None = None  # [B', ...] a stateful sampler's state for the next step
+    drawn: torch.Tensor | None = None  # [B', L] the sampler's draw at every position, when it reports one (traces)
 
 
 def soft_embedder(stack, exact_reference: bool) -> SoftEmbed | None:
@@ -221,4 +222,5 @@ def denoise_rows(model, plan: Plan, rows: StepRows, keep_logits: bool = False) -
     stop, stop_state = plan.stopper(out.argmax, out.entropy, rows.stop_state)
     return StepResult(canvas=out.canvas, argmax=out.argmax, accepted=out.accepted, entropy=out.entropy, soft=soft,
                       stop=stop, stop_state=stop_state, faults=fault_codes(model_bad, processors_bad, empty),
-                      temperature=temperature, logits=kept, sampler_state=out.state)
+                      temperature=temperature, logits=kept, sampler_state=out.state,
+                      drawn=out.drawn)

@@ -113,6 +113,7 @@ class StepOutput(NamedTuple):
     entropy: torch.Tensor  # [B', L] fp32 (stopping, traces)
     soft: torch.Tensor | None = None  # [B', L, H]
     state: torch.Tensor | None = None  # [B', ...] the sampler's per-row state after this step (stateful samplers)
+    drawn: torch.Tensor | None = None  # [B', L] long, the token drawn at every position (samplers that draft all)
 
 
 SoftEmbed = Callable[[torch.Tensor], torch.Tensor]  # probs [..., V] fp32 -> soft embedding [..., H]

@@ -11,9 +11,9 @@ from .puzzles import (
     parse_puzzle,
     random_solution,
     read_puzzles,
-    render_grid,
     solve,
 )
+from .render import render_grid
 from .rope_warning import install as _install_rope_warning_filter
 from .tokenizer import VOCAB, decode_solution, encode_puzzle, sudoku_tokenizer
 

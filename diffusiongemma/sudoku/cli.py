@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ..cli_types import positive_int, seed_arg, steps_arg
 from ..generation.streamers import is_terminal
-from .puzzles import BLANK, check_puzzle, read_puzzles, render_grid
+from .puzzles import BLANK, check_puzzle, read_puzzles
+from .render import render_grid
 
 # Fewest givens at which the bundled demo model solves most puzzles: 94 % of 50 fresh 36-given puzzles in 6.4 mean
 # steps (`diffusiongemma sudoku --eval 50 --givens 36 --seed 3 --json`; at 30 givens about 55 %); harder: --givens.

@@ -13,7 +13,8 @@ from transformers import PreTrainedTokenizerFast
 
 from ..model import DiffusionGemmaForBlockDiffusion
 from ..modeling.config import check_model_folder
-from .puzzles import BLANK, DIGITS, make_puzzle, render_grid
+from .puzzles import BLANK, DIGITS, make_puzzle
+from .render import render_grid
 from .solver import SolveResult, solve_puzzles, solve_rate
 from .tokenizer import VOCAB, sudoku_tokenizer
 

@@ -14,7 +14,6 @@ from diffusiongemma.sudoku.puzzles import (
     parse_puzzle,
     random_solution,
     read_puzzles,
-    render_grid,
     solve,
 )
 
@@ -202,50 +201,6 @@ def test_read_puzzles_names_bad_line(tmp_path):
     path.write_text(f"# header\n{INKALA}\n\n{INKALA[:80]}\n")
     with pytest.raises(ValueError, match=r"line 4: puzzle must be 81 characters .* got 80 characters"):
         read_puzzles(path)
-
-
-# --- rendering ----------------------------------------------------------------------------------------------
-
-
-def test_render_grid_plain_text():
-    text = render_grid(INKALA, INKALA_SOLUTION, color=False)
-    lines = text.split("\n")
-    border = "+-------+-------+-------+"
-    assert len(lines) == 13
-    assert [lines[i] for i in (0, 4, 8, 12)] == [border] * 4
-    assert lines[1] == "| 8 1 2 | 7 5 3 | 6 4 9 |"  # first row of INKALA_SOLUTION
-    assert "\033" not in text
-
-
-def test_render_grid_shows_blanks_as_dots():
-    lines = render_grid(INKALA, INKALA.replace(".", "0"), color=False).split("\n")
-    assert lines[1] == "| 8 . . | . . . | . . . |"
-
-
-def test_render_grid_colours_givens_filled_and_changed():
-    bold, cyan, changed = "\033[1m", "\033[36m", "\033[30;43m"
-    blanks = INKALA.count(".")  # 60 cells filled by the solution
-    text = render_grid(INKALA, INKALA_SOLUTION)
-    assert text.count(bold) == 81 - blanks
-    assert text.count(cyan) == blanks
-    assert changed not in text
-    # Against the bare puzzle, exactly the filled cells changed.
-    assert render_grid(INKALA, INKALA_SOLUTION, previous=INKALA).count(changed) == blanks
-    # '0' and '.' are both blank, so switching between them is not a change.
-    assert changed not in render_grid(INKALA, INKALA, previous=INKALA.replace(".", "0"))
-
-
-def test_render_grid_rejects_wrong_length():
-    with pytest.raises(ValueError, match="cells must be 81 characters; got 80"):
-        render_grid(INKALA, INKALA_SOLUTION[:80])
-
-
-def test_render_grid_highlights_revised_cells():
-    changed = "\033[30;43m"
-    first_blank = INKALA.index(".")
-    text = render_grid(INKALA, INKALA_SOLUTION, revised=[first_blank])
-    assert text.count(changed) == 1 and f"{changed}{INKALA_SOLUTION[first_blank]}" in text
-    assert changed not in render_grid(INKALA, INKALA_SOLUTION, revised=[first_blank], color=False)
 
 
 def test_an_unsolvable_puzzle_is_refuted_quickly():
