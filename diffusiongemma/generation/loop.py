@@ -173,7 +173,9 @@ def generate(
             (`modeling.compile.compiled_denoise_pass`: decoder + LM head, fullgraph, no recompile across steps and
             canvases); encoder passes stay eager. The graphs are kept on the model for later calls; the first call
             pays the compilation. A dict passes `mode` ("reduce-overhead": CUDA graphs) or `backend`; True means
-            {} (inductor, default mode). Lock-step only: it selects lock-step batching when `batching` is unset.
+            {} (inductor, default mode). Mixed batching compiles per (row bucket, capacity bucket)
+            (`modeling.compile.RowDenoisePass`); `compile` does not change the batching choice (with `batching`
+            unset, per-row samplers and several rows run mixed). Refused with `batch_invariant`.
         batch_invariant: every row runs alone inside the row pool (its own forward and engine step, at the shapes
             of its solo run), so a seeded row's logits and tokens are bit-identical to running it alone with
             `batch_invariant=True`, whatever else shares the batch (prompt lengths, padding, `max_batch_size`).

@@ -11,6 +11,7 @@ Legend: N rows in the request batch, P prompt, L canvas length, H hidden, c comm
 
 import torch
 
+from ..modeling.compile import capacity_bucket
 from ..modeling.vision import PromptImages
 from .engine import Plan
 from .observers import RoundStreamer, wants_drafts
@@ -42,14 +43,16 @@ def user_criteria_policy(user_criteria, L: int):
 def run_mixed(model, plan: Plan, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, generators: list,
               num_canvases: int, eos_ids, pad_token_id, max_batch_size: int, user_criteria=None,
               first_canvas=None, first_soft=None, images: PromptImages | None = None, batch_invariant: bool = False,
-              observers=(), draft: bool = False, record: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              observers=(), draft: bool = False, compile: dict | None = None, record: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """input_ids [N, P] (left-padded, `attention_mask` [N, P]) -> (sequences [N, P + c*L] with each row's original
     prompt, its canvases and padding after it finished; denoising passes per row [N] int32).
 
     first_canvas: optional [N, L] ids seeding each row's first canvas; first_soft: optional [N, L, H]; images:
     optional `PromptImages` of the padded batch. batch_invariant: the pool runs every row alone (`invariant.py`).
-    observers: called with every pass's `PassEvents` (observers.py); draft: every row reports its drafts; record:
-    the events carry every engine call's `PassRecord` (a trace recorder observes them).
+    observers: called with every pass's `PassEvents` (observers.py); draft: every row reports its drafts.
+    compile: the `compiled_denoise_pass` options: denoising passes run compiled per row bucket (`passes.RowForward`).
+    record: the events carry every engine call's `PassRecord` (a trace recorder observes them).
 
     Raises:
         NonFiniteLogitsError: some row's logits held NaN/Inf (the first such row, by its place in the batch).
@@ -60,10 +63,14 @@ def run_mixed(model, plan: Plan, input_ids: torch.Tensor, attention_mask: torch.
         raise ValueError("`attention_mask` marks every token of some row as padding; each row needs a prompt")
     longest = max(len(p) for p in prompts)
     slots = min(max_batch_size, len(prompts))
-    # room per row: its prompt and canvases, plus padding queries of a pass as long as the longest prompt
-    pool = RowPool(model, slots, longest + num_canvases * L + max(longest, L), input_ids.device,
+    # room per row: its prompt and canvases, plus padding queries of a pass as long as the longest prompt; compiled,
+    # both rounded to capacity buckets, so calls with other prompt lengths or budgets mostly share graphs
+    needed, padding_room = longest + num_canvases * L, max(longest, L)
+    if compile is not None:
+        needed, padding_room = capacity_bucket(needed, L), capacity_bucket(padding_room, L)
+    pool = RowPool(model, slots, needed + padding_room, input_ids.device,
                    stop_after_canvas=user_criteria_policy(user_criteria, L), batch_invariant=batch_invariant,
-                   record=record)
+                   compile=compile, denoise_capacity=needed, record=record)
     waiting = [Row(
         index=i, prompt=p, plan=plan, generator=generators[i], num_canvases=num_canvases, eos_ids=eos_ids,
         pad_token_id=pad_token_id, first_canvas=first_canvas[i] if first_canvas is not None else None,
@@ -128,7 +135,7 @@ def generate_mixed(model, run: GenerationRun, plan, batch_invariant: bool = Fals
         model, plan, run.input_ids, run.attention_mask, run.generators, run.num_canvases, run.eos_ids,
         config.pad_token_id, run.max_batch_size or run.input_ids.shape[0], run.user_criteria,
         run.decoder_input_ids, first_soft, run.images, batch_invariant, observers, wants_drafts(streamer),
-        record=recorder is not None,
+        run.options.compile, record=recorder is not None,
     )
     if streamer is not None:
         streamer.end()

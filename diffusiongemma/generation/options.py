@@ -9,10 +9,10 @@ Modes (every one runs in the row pool, `pool.py`):
     invariant  mixed, every row alone inside each pass (`batch_invariant=True`, invariant.py)
 
 Choices made for the user (documented at `generate`): with `batching` unset, a sampler that draws per row and more
-than one row run "mixed", unless a streamer, `past_key_values` or `compile` asks for lock-step; `batch_invariant=True`
-runs "invariant"; a global-RNG sampler runs "lockstep". `return_trace` changes nothing: a trace records the run the
-call makes without it (mixed traces: one record per row and step, docs/trace-format.md). Anything else a mode cannot
-do is refused from `CAPABILITIES`, in one message style.
+than one row run "mixed" (compiled or not), unless a streamer or `past_key_values` asks for lock-step;
+`batch_invariant=True` runs "invariant"; a global-RNG sampler runs "lockstep". `return_trace` changes nothing: a
+trace records the run the call makes without it (mixed traces: one record per row and step, docs/trace-format.md).
+Anything else a mode cannot do is refused from `CAPABILITIES`, in one message style.
 """
 
 from dataclasses import dataclass
@@ -34,8 +34,8 @@ CAPABILITIES: dict[str, dict[str, str]] = {
         "slices": "a trace records one batch, and the slices are several",
     },
     "compile": {
-        "mixed": "the compiled pass is lock-step's fixed-shape pass; the mixed pool's passes run eager",
-        "invariant": "the compiled pass is lock-step's fixed-shape pass; the mixed pool's passes run eager",
+        "invariant": "every row runs alone at the shapes of its solo run, which a pass fixed per row bucket would "
+                     "change (the compiled mixed pass batches the rows of a bucket)",
     },
     "a global-RNG sampler": {
         "slices": "it draws from the global RNG in the built-in's order over one batch",
@@ -50,7 +50,7 @@ FIXES = {
     "streamer": "drop the streamer, or pass batching='lockstep'",
     "past_key_values": "pass batching='lockstep'",
     "return_trace": "pass batching='lockstep'",
-    "compile": "pass batching='lockstep', or leave `batching` unset",
+    "compile": "drop batch_invariant=True, or pass compile=False",
     "a global-RNG sampler": "these need sampling='fast' or another sampler that draws per row",
 }
 
@@ -141,7 +141,7 @@ def run_options(batching, max_batch_size, compile, batch_invariant, return_trace
     elif batching == "mixed":
         mode = "mixed"
     elif batching is None and per_row and batch > 1 and not any(
-            used[f] for f in ("streamer", "past_key_values", "compile")):
+            used[f] for f in ("streamer", "past_key_values")):
         mode = "mixed"
     elif max_batch_size is not None and max_batch_size < batch:
         mode = "slices"

@@ -2,7 +2,9 @@
 each row does; a forward only runs it and hands back the hidden states (or logits) of the rows that sample.
 
 * `RowForward` (mixed batching, the server): one forward mixing prefill, commit and denoising rows over a
-  `RowCache` with one committed length per row (`model.run_rows`); with `batch_invariant` one forward per row.
+  `RowCache` with one committed length per row (`model.run_rows`); with `batch_invariant` one forward per row; with
+  `compile`, the encoder rows eager and the denoising rows through the fixed-shape compiled pass
+  (`modeling.compile.RowDenoisePass`) of their row bucket.
 * `SharedForward` (lock-step batching): every row is in the same phase, so a pass is the built-in's own pass over
   one shared `BlockDiffusionCache`: the padded prompt [B, P] or the committed canvases [B, L] in encoder mode, the
   canvases [B, L] in decoder mode (the exact shapes bit-exact parity needs), or, with `compile`, the fixed-shape
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from ..modeling.compile import row_bucket
 from ..modeling.host import device_tensor
 from ..modeling.masks import PaddingSlots
 from ..modeling.vision import stack_rows
@@ -38,13 +41,25 @@ class Forward:
 
 class RowForward:
     """Mixed batching: rows in any phase share one `model.run_rows` pass over a `RowCache` (or, batch-invariant,
-    one pass per row over its own cache: `invariant.py`, place 1)."""
+    one pass per row over its own cache: `invariant.py`, place 1).
 
-    def __init__(self, model, cache, batch_invariant: bool = False):
+    With `denoise_pass` (a `modeling.compile.RowDenoisePass`) a pass is two forwards at most: the encoder rows
+    (prefill, commit) eager through `run_rows` over their slots only (`RowCache.rows`), then the compiled, fixed-shape
+    decoder + head over pool rows [0, R) (R = `row_bucket(n)`) against slots [0, `capacity`). Rows of the bucket that
+    do not denoise feed a zero canvas and discard their logits; their canvas keys/values land at slots S_b + [0, L),
+    at or past their committed length (the encoder rows have already advanced), which every mask hides and their own
+    next pass overwrites, so they disturb nothing.
+    """
+
+    def __init__(self, model, cache, batch_invariant: bool = False, denoise_pass=None, capacity: int = 0):
         self.model, self.cache, self.batch_invariant = model, cache, batch_invariant
+        self.denoise_pass, self.capacity = denoise_pass, capacity or getattr(cache, "capacity", 0)
+        self._zeros: dict = {}  # (shape, dtype) -> zero canvas / soft rows for the bucket's idle rows
 
     def __call__(self, active: list) -> Forward:
         L = self.model.canvas_length
+        if self.denoise_pass is not None:
+            return self.compiled(active, L)
         if not self.batch_invariant:
             sampled, hidden, encoding = forward_rows(self.model, active, self.cache, L)
             return Forward(sampled, hidden, encoding)
@@ -55,6 +70,42 @@ class RowForward:
             hidden += [h] * len(d)  # [1, L, H] each
             encoding += e
         return Forward(sampled, hidden, encoding)
+
+    def compiled(self, active: list, L: int) -> Forward:
+        """The encoder rows eager, then the compiled pass over the row bucket; logits of the denoising rows."""
+        encoding = [r for r in active if r.phase != DENOISE]
+        if encoding:
+            slots = [i for i, r in enumerate(active) if r.phase != DENOISE]
+            forward_rows(self.model, encoding, self.cache.rows(slots), L)
+        denoising = [i for i, r in enumerate(active) if r.phase == DENOISE]
+        if not denoising:
+            return Forward([], None, encoding)
+        R = row_bucket(len(active), self.cache.batch)
+        longest = max(self.cache.lengths[:R]) + L
+        if longest > self.capacity:
+            raise ValueError(f"a compiled pass needs {longest} cache slots, the capacity bucket holds {self.capacity}")
+        canvas = torch.stack([r.tokens if r.phase == DENOISE else self._zero((L,), torch.long, r.tokens.device)
+                              for r in active] + [self._zero((L,), torch.long, active[0].tokens.device)]
+                             * (R - len(active)))  # [R, L]
+        soft_like = next((r.soft for r in active if r.phase == DENOISE and r.soft is not None), None)
+        if soft_like is None:  # every row on its first step: one cached zero input
+            H = self.model.config.text_config.hidden_size
+            dtype = self.model.get_decoder().embed_tokens.weight.dtype
+            soft = self._zero((R, L, H), dtype, canvas.device)
+        else:
+            zero = self._zero(tuple(soft_like.shape), soft_like.dtype, soft_like.device)
+            soft = torch.stack([r.soft if r.phase == DENOISE and r.soft is not None else zero for r in active]
+                               + [zero] * (R - len(active)))  # [R, L, H]
+        logits = self.denoise_pass(canvas, self.cache, soft, self.capacity)  # [R, L, V] fp32
+        if denoising != list(range(len(denoising))):
+            logits = logits[device_tensor(denoising, torch.long, logits.device)]
+        return Forward(denoising, None, encoding, logits=logits[: len(denoising)])  # [d, L, V]
+
+    def _zero(self, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+        key = (shape, dtype, device)
+        if key not in self._zeros:
+            self._zeros[key] = torch.zeros(shape, dtype=dtype, device=device)
+        return self._zeros[key]
 
     def reset(self, slot: int) -> None:
         self.cache.reset(slot)

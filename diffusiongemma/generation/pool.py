@@ -30,6 +30,7 @@ from typing import Callable
 import torch
 
 from ..modeling.cache import RowCache
+from ..modeling.compile import compiled_denoise_pass
 from ..modeling.host import device_tensor
 from ..modeling.vision import PromptImages
 from .engine import Plan, StepResult, StepRows, denoise_rows
@@ -141,11 +142,15 @@ class RowPool:
         lockstep: the lock-step policy (`lockstep.Lockstep`: all rows admitted together, committing together, over
             its shared forward), or None for mixed batching.
         record: keep every engine call's `PassRecord` (with the tempered logits) in the events, for observers.
+        compile: mixed batching: the `compiled_denoise_pass` options (mode, backend): denoising runs through the
+            fixed-shape `RowDenoisePass` of each row bucket (`passes.RowForward`), or None (eager).
+        denoise_capacity: with `compile`, the slots C' every compiled pass attends (its capacity bucket; at least
+            every row's prompt and canvases), at most `capacity`.
     """
 
     def __init__(self, model, slots: int, capacity: int, device: torch.device,
                  stop_after_canvas: Callable[[list[Row]], list[bool]] | None = None, batch_invariant: bool = False,
-                 lockstep=None, record: bool = False):
+                 lockstep=None, record: bool = False, compile: dict | None = None, denoise_capacity: int = 0):
         self.model, self.L = model, model.canvas_length
         self.slots = slots
         self.batch_invariant = batch_invariant
@@ -156,7 +161,13 @@ class RowPool:
         else:
             cache_class = PerRowCaches if batch_invariant else RowCache
             self.cache = cache_class(model.get_decoder().shapes, slots, capacity, device)
-            self.forward = RowForward(model, self.cache, batch_invariant)
+            denoise_pass = None
+            if compile is not None:
+                if batch_invariant:
+                    raise ValueError("batch_invariant=True runs every row at its solo shapes; it cannot share the "
+                                     "compiled fixed-shape pass (compile)")
+                denoise_pass = compiled_denoise_pass(model, rows=True, **compile)
+            self.forward = RowForward(model, self.cache, batch_invariant, denoise_pass, denoise_capacity)
         self.stop_after_canvas = stop_after_canvas
         self.active: list[Row] = []
         self.passes = 0
@@ -192,8 +203,8 @@ class RowPool:
         if self.lockstep is not None:
             self.lockstep.pass_done(self, out, events)
         else:
-            if out.sampled:
-                self._denoise([self.active[i] for i in out.sampled], out.hidden, events)
+            if out.sampled:  # hidden [d, L, H], or logits [d, L, V] from a compiled pass
+                self._denoise([self.active[i] for i in out.sampled], out.hidden, events, out.logits)
             for r in out.encoding:  # prefill or commit done: the next canvas starts
                 self._start_canvas(r)
         self.remove(events.finished + [r for r, _ in events.faulted])
@@ -233,23 +244,26 @@ class RowPool:
             sampler_state=torch.cat(sampler_states) if sampler_states[0] is not None else None,
         ), keep_logits=self.record)
 
-    def _denoise(self, rows: list[Row], hidden, events: PassEvents) -> None:
-        """The engine step for the denoising rows (hidden [d, L, H], or d [1, L, H] in batch-invariant mode), one
-        call per plan (batch-invariant: per row, invariant.py place 2), then one host read."""
+    def _denoise(self, rows: list[Row], hidden, events: PassEvents, logits=None) -> None:
+        """The engine step for the denoising rows (hidden [d, L, H], or d [1, L, H] in batch-invariant mode, or
+        logits [d, L, V] from a compiled pass), one call per plan (batch-invariant: per row, invariant.py place 2),
+        then one host read."""
         groups: dict[int, list[int]] = {}
         for j, r in enumerate(rows):
             groups.setdefault(id(r) if self.batch_invariant else id(r.plan), []).append(j)
         results = []
         for members in groups.values():
             group = [rows[j] for j in members]
+            source = hidden if logits is None else logits
             if self.batch_invariant:
-                picked = hidden[members[0]]
+                picked = source[members[0]]
             else:
-                index = device_tensor(members, torch.long, hidden.device) if len(members) < len(rows) else None
-                picked = hidden if index is None else hidden[index]
+                index = device_tensor(members, torch.long, source.device) if len(members) < len(rows) else None
+                picked = source if index is None else source[index]
             before = (torch.stack([r.tokens for r in group]), soft_of(group)) if self.record else None
             try:
-                out = self.engine_step(group, picked)
+                out = (self.engine_step(group, picked) if logits is None
+                       else self.engine_step(group, None, logits=picked))
             except Exception as error:  # noqa: BLE001 - one plan's failure (its sampler, stopper, processors) fails
                 # only the rows of that plan; the others' step and state are untouched
                 events.faulted += [(r, error) for r in group]

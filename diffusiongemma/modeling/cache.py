@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import LayerShape
-from .host import device_tensor
+from .host import device_tensor, to_device
 
 
 class BlockDiffusionCache:
@@ -119,11 +119,12 @@ class BlockDiffusionCache:
 
 @dataclass
 class StaticCacheView:
-    """A denoising pass's view of a `BlockDiffusionCache` with every shape fixed by the capacity C.
+    """A denoising pass's view of a `BlockDiffusionCache` (or of rows of a `RowCache`) with every shape fixed by the
+    capacity C.
 
     Attributes:
-        keys, values: per layer, the cache's buffers [B, K, C, D] themselves (written in place).
-        length: [] long on the device, the committed slots S.
+        keys, values: per layer, the cache's buffers [B, K, C, D] themselves, or views of them (written in place).
+        length: on the device, the committed slots: [] S shared by every row, or [B] S_b per row (a `RowCache`).
     """
 
     keys: list[torch.Tensor]
@@ -137,11 +138,19 @@ class StaticCacheView:
     def write(
         self, layer: int, key: torch.Tensor, value: torch.Tensor, kv_start: int, persist: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy the canvas key/value [B, K, L, D] to slots S + [0, L) (S on the device) and return the whole buffers
-        [B, K, C, D]; the static mask hides what the pass must not see (`kv_start` is 0, `persist` False)."""
-        slots = self.length + torch.arange(key.shape[2], device=key.device)  # [L]
-        self.keys[layer].index_copy_(2, slots, key)
-        self.values[layer].index_copy_(2, slots, value)
+        """Copy the canvas key/value [B, K, L, D] to slots S + [0, L) (S on the device; per row S_b + [0, L)) and
+        return the whole buffers [B, K, C, D]; the static mask hides what the pass must not see (`kv_start` is 0,
+        `persist` False)."""
+        if self.length.dim() == 0:
+            slots = self.length + torch.arange(key.shape[2], device=key.device)  # [L]
+            self.keys[layer].index_copy_(2, slots, key)
+            self.values[layer].index_copy_(2, slots, value)
+            return self.keys[layer], self.values[layer]
+        B, K, L, D = key.shape
+        slots = self.length[:, None] + torch.arange(L, device=key.device)  # [B, L]
+        index = slots[:, None, :, None].expand(B, K, L, D)
+        self.keys[layer].scatter_(2, index, key)
+        self.values[layer].scatter_(2, index, value)
         return self.keys[layer], self.values[layer]
 
 
@@ -186,10 +195,14 @@ class RowCache:
     so their canvas sits in the reserved slots right after their prefix.
 
     Rows are slots of a pool: `active` rows [0, n) take part in the current pass, `move` compacts the pool when a row
-    leaves and `reset` frees a row for the next request.
+    leaves and `reset` frees a row for the next request. `rows(slots)` is a view of some rows only (the encoder rows
+    of a compiled pass, `generation/passes.py`).
 
-    The committed lengths are host ints: the scheduler decides them, so a pass never reads them back from the device
-    (a host sync on CUDA); `begin` copies them to the device asynchronously.
+    Capacity is static: the buffers [slots, K, C, D] are allocated once, at the first write, and never move. The
+    committed lengths are kept twice: host ints (`lengths`: the scheduler decides them, so an eager pass never reads
+    them back from the device, a host sync on CUDA; `begin` copies them asynchronously) and a device tensor
+    (`lengths_t` [slots] long, updated in place by `advance`/`move`/`reset` with an asynchronous copy), which the
+    compiled denoising pass reads (`static_view`, modeling/compile.py `RowDenoisePass`).
 
     Args:
         shapes: the `LayerShape` of every layer.
@@ -205,6 +218,7 @@ class RowCache:
         self.keys: list[torch.Tensor | None] = [None] * len(shapes)
         self.values: list[torch.Tensor | None] = [None] * len(shapes)
         self.lengths: list[int] = [0] * batch  # committed slots S_b, on the host
+        self.lengths_t = torch.zeros(batch, dtype=torch.long, device=self.device)  # [slots] S_b again, on the device
         self._index: torch.Tensor | None = None  # [n, 1, T, 1] write slots of the current pass
         self._end = 0
 
@@ -225,17 +239,22 @@ class RowCache:
         self._index = (starts_t[:, None] + torch.arange(num_q, device=self.device))[:, None, :, None]
         return starts_t
 
+    def _buffers(self, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s buffers [slots, K, C, D], allocated at the first write (K, D, dtype from `like`)."""
+        if self.keys[layer] is None:
+            _, K, _, D = like.shape
+            self.keys[layer] = like.new_zeros(self.batch, K, self.capacity, D)
+            self.values[layer] = like.new_zeros(self.batch, K, self.capacity, D)
+        return self.keys[layer], self.values[layer]
+
     def write(
         self, layer: int, key: torch.Tensor, value: torch.Tensor, kv_start: int, persist: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Scatter key/value [n, K, T, D] to each row's slots [S_b, S_b + T); return views [n, K, kv_end-kv_start, D]
         (`persist` is ignored: the caller advances committed lengths per row)."""
         n, K, T, D = key.shape
-        if self.keys[layer] is None:
-            self.keys[layer] = key.new_zeros(self.batch, K, self.capacity, D)
-            self.values[layer] = value.new_zeros(self.batch, K, self.capacity, D)
+        keys, values = (buf[:n] for buf in self._buffers(layer, key))
         index = self._index.expand(n, K, T, D)
-        keys, values = self.keys[layer][:n], self.values[layer][:n]
         keys.scatter_(2, index, key)
         values.scatter_(2, index, value)
         return keys[:, :, kv_start : self._end], values[:, :, kv_start : self._end]
@@ -244,6 +263,7 @@ class RowCache:
         """Commit tokens per row (0 for denoising rows): S_b += tokens[b] for the first len(tokens) rows."""
         for b, t in enumerate(tokens):
             self.lengths[b] += t
+        self._lengths_changed()
 
     def move(self, src: int, dst: int) -> None:
         """Row `src`'s cache becomes row `dst`'s (compaction when a row leaves the pool)."""
@@ -252,7 +272,83 @@ class RowCache:
                 if buf is not None:
                     buf[dst] = buf[src]
         self.lengths[dst] = self.lengths[src]
+        self._lengths_changed()
 
     def reset(self, row: int) -> None:
         """Free a row for a new sequence."""
         self.lengths[row] = 0
+        self._lengths_changed()
+
+    def _lengths_changed(self) -> None:
+        """Copy the host lengths into `lengths_t`, in place (a captured graph keeps reading the same storage) and
+        asynchronously (no host sync)."""
+        self.lengths_t.copy_(to_device(torch.tensor(self.lengths, dtype=torch.long), self.device))
+
+    def rows(self, slots: list[int]) -> "RowSubset":
+        """A view of the rows `slots` (pool slot numbers) with this cache's pass interface: `run_rows` over it
+        reads and writes only those rows (the encoder rows of a compiled mixed pass)."""
+        return RowSubset(self, slots)
+
+    def static_view(self, rows: int, capacity: int) -> "StaticCacheView":
+        """The fixed-shape view of rows [0, R) and slots [0, C') a compiled denoising pass reads: buffers
+        [R, K, C', D] (views, written in place) and lengths_t[:R]. Needs written buffers."""
+        if any(k is None for k in self.keys):
+            raise ValueError("the static view needs the row cache's buffers: encode a prompt first")
+        return StaticCacheView([k[:rows, :, :capacity] for k in self.keys],
+                               [v[:rows, :, :capacity] for v in self.values], self.lengths_t[:rows])
+
+
+class RowSubset:
+    """Some rows of a `RowCache` (`RowCache.rows`), with its pass interface (`lengths`, `begin`, `write`, `advance`):
+    a pass of n' rows reads and writes the pool slots `slots` (gathered reads, index_put writes) and leaves the others
+    untouched.
+
+    Args:
+        cache: the `RowCache`.
+        slots: the pool slots of the n' rows, in the pass's row order.
+    """
+
+    def __init__(self, cache: RowCache, slots: list[int]):
+        self.cache, self.slots = cache, list(slots)
+        self.shapes = cache.shapes
+        self._rows: torch.Tensor | None = None  # [n'] slots on the device
+        self._positions: torch.Tensor | None = None  # [n', T] write slots of the current pass
+        self._end = 0
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [self.cache.lengths[s] for s in self.slots]
+
+    def begin(self, num_rows: int, num_q: int) -> torch.Tensor:
+        """As `RowCache.begin`, for the rows of this view (num_rows must be all of them)."""
+        if num_rows != len(self.slots):
+            raise ValueError(f"a pass over this row view needs its {len(self.slots)} rows, got {num_rows}")
+        starts = self.lengths
+        self._end = max(starts) + num_q
+        if self._end > self.cache.capacity:
+            raise ValueError(f"pass needs {self._end} slots, the cache holds {self.cache.capacity}")
+        device = self.cache.device
+        starts_t = device_tensor(starts, torch.long, device)  # [n']
+        self._rows = device_tensor(self.slots, torch.long, device)  # [n']
+        self._positions = starts_t[:, None] + torch.arange(num_q, device=device)  # [n', T]
+        return starts_t
+
+    def write(
+        self, layer: int, key: torch.Tensor, value: torch.Tensor, kv_start: int, persist: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Put key/value [n', K, T, D] at each row's slots [S_b, S_b + T); return the rows' gathered keys/values
+        [n', K, kv_end-kv_start, D]."""
+        keys, values = self.cache._buffers(layer, key)
+        rows = self._rows[:, None]  # [n', 1]
+        keys[rows, :, self._positions] = key.transpose(1, 2)  # indexed [n', T, K, D]
+        values[rows, :, self._positions] = value.transpose(1, 2)
+        return keys[self._rows, :, kv_start : self._end], values[self._rows, :, kv_start : self._end]
+
+    def advance(self, tokens: list[int]) -> None:
+        """Commit tokens per row of the view."""
+        for s, t in zip(self.slots, tokens):
+            self.cache.lengths[s] += t
+        self.cache._lengths_changed()

@@ -1,6 +1,8 @@
 """torch.compile for the model: the whole denoising pass (decoder over the canvas + LM head) as one fixed-shape graph
-per batch bucket (`DenoisePass`). `generate(compile=True)` runs its denoising steps through it; encoder passes
-(prefill, and the commit of each canvas: one pass per canvas, against one per denoising step) stay eager.
+per batch bucket: `DenoisePass` for lock-step (one shared cache) and `RowDenoisePass` for mixed batching and the
+server (rows of a `RowCache`, each at its own length). `generate(compile=True)` and `serve --compile` run their
+denoising steps through them; encoder passes (prefill, and the commit of each canvas: one pass per canvas, against
+one per denoising step) stay eager.
 
 `DenoisePass(model)(canvas, cache, soft, keep)` is decoder + LM head over the canvas, compiled with
 `torch.compile(fullgraph=True, dynamic=False)`: one graph, no graph break, and no recompile across steps and canvases.
@@ -86,6 +88,55 @@ class DenoisePass:
                 torch._dynamo.mark_static_address(t)
         return self._fn(canvas, tuple(view.keys), tuple(view.values), view.length, soft, keep)
 
+class RowDenoisePass(DenoisePass):
+    """The compiled denoising pass of mixed batching, over rows of a `RowCache` (generation/passes.py `RowForward`).
+
+    `pass_fn(canvas, cache, soft, capacity)`: canvas [R, L] of pool rows [0, R) (R the row bucket), each at its own
+    committed length S_b (`cache.lengths_t`, on the device), against cache slots [0, C') (C' = `capacity`, the
+    capacity bucket) -> logits [R, L, V] fp32. Each row writes its canvas keys/values at slots S_b + [0, L) and
+    attends to its last-W-1/whole prefix and its canvas under a per-row static mask (the sets `build_row_masks` gives
+    a denoising row). Rows of the bucket that do not denoise this pass compute logits the caller discards.
+
+        canvas [R, L], keys/values [R, K, C', D] per layer (views of [slots, K, C, D]), S [R], soft [R, L, H]
+        -> logits [R, L, V] fp32
+
+    One graph per (R, C', the cache's slots and capacity, dtype, device); lengths, canvases, admissions and rows
+    leaving change only tensor values.
+    """
+
+    def __deepcopy__(self, memo) -> "RowDenoisePass":
+        return RowDenoisePass(copy.deepcopy(self.model, memo), self.mode, self.backend, self.compiled)
+
+    def eager_pass(self, canvas: torch.Tensor, keys: tuple, values: tuple, length: torch.Tensor,
+                   soft: torch.Tensor, capacity: int) -> torch.Tensor:
+        """The traced function: the cache's whole buffers in, viewed [:R, :, :C'] inside the graph."""
+        R = canvas.shape[0]
+        view = StaticCacheView([k[:R, :, :capacity] for k in keys], [v[:R, :, :capacity] for v in values],
+                               length[:R])
+        hidden = self.model.denoise(canvas, view, soft)  # [R, L, H]
+        return self.model.head(hidden)  # [R, L, V] fp32
+
+    def __call__(self, canvas: torch.Tensor, cache, soft: torch.Tensor, capacity: int) -> torch.Tensor:
+        """One denoising pass over pool rows [0, R) of `cache` (a `RowCache` with written buffers).
+
+        Args:
+            canvas: [R, L] token ids (rows that do not denoise: any ids).
+            soft: [R, L, H] self-conditioning input; zeros for a row on its first step (spec C.9).
+            capacity: C', the slots attended (every row's S_b + L must fit in it; the caller checks on the host).
+        """
+        if any(k is None for k in cache.keys):
+            raise ValueError("the compiled row pass needs the row cache's buffers: encode a prompt first")
+        if self.mode == "reduce-overhead":
+            for t in (*cache.keys, *cache.values, cache.lengths_t):
+                torch._dynamo.mark_static_address(t)
+        return self._fn(canvas, tuple(cache.keys), tuple(cache.values), cache.lengths_t, soft, capacity)
+
+
+def row_bucket(rows: int, slots: int) -> int:
+    """The rows R a compiled mixed pass runs for n active rows: the next power of two, at most the pool's slots."""
+    return min(1 << (rows - 1).bit_length(), slots)
+
+
 def capacity_bucket(slots: int, canvas_length: int) -> int:
     """The cache capacity a compiled call reserves for `slots` slots: L times the next power of two of slots / L, so
     calls with other prompt lengths or `max_new_tokens` mostly share a graph (at most twice the slots attended)."""
@@ -93,12 +144,13 @@ def capacity_bucket(slots: int, canvas_length: int) -> int:
     return canvas_length * (1 << (blocks - 1).bit_length())
 
 
-def compiled_denoise_pass(model: nn.Module, mode: str | None = None, backend: str | Callable = "inductor"
-                          ) -> DenoisePass:
-    """The model's compiled denoising pass for these options, `pass_fn(canvas, cache, soft, keep)`: built on first use
-    and kept on the model, so every later `generate(compile=...)` call reuses its graphs."""
+def compiled_denoise_pass(model: nn.Module, mode: str | None = None, backend: str | Callable = "inductor",
+                          rows: bool = False) -> DenoisePass:
+    """The model's compiled denoising pass for these options: `DenoisePass` (lock-step, `pass_fn(canvas, cache, soft,
+    keep)`) or, with `rows`, `RowDenoisePass` (mixed batching and the server). Built on first use and kept on the
+    model, so every later `generate(compile=...)` call (and every server pass) reuses its graphs."""
     passes = model.__dict__.setdefault("_denoise_passes", {})
-    key = (mode, backend)
+    key = (mode, backend, rows)
     if key not in passes:
-        passes[key] = DenoisePass(model, mode=mode, backend=backend)
+        passes[key] = (RowDenoisePass if rows else DenoisePass)(model, mode=mode, backend=backend)
     return passes[key]

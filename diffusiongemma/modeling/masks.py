@@ -281,19 +281,26 @@ def static_decoder_window(shape: LayerShape, cached: torch.Tensor, canvas_length
 
     The same sets as `build_decoder_masks`: the canvas [S, S+L) and, for full layers, every cached slot; for sliding
     layers only the last W-1 cached slots (spec C.10); window="symmetric" also requires |q - k| <= W-1 there. Slots
-    at or past S+L (not written yet) are never visible. `cached` is S as a [] device tensor.
+    at or past S+L (not written yet) are never visible. `cached` is S as a [] device tensor, or [B] S_b per row (a
+    mixed pass over a `RowCache`: the same sets per row as `build_row_masks` gives a denoising row).
     """
     W = shape.sliding_window
 
     def mod(b, h, q, kv):
-        visible = kv < cached + canvas_length
+        cached_b = _row_value(cached, b)
+        visible = kv < cached_b + canvas_length
         if shape.is_sliding:
-            visible = visible & (kv > cached - W)  # kv >= S - (W-1)
+            visible = visible & (kv > cached_b - W)  # kv >= S - (W-1)
             if window == "symmetric":
-                visible = visible & ((q + cached) - kv).abs().le(W - 1)
+                visible = visible & ((q + cached_b) - kv).abs().le(W - 1)
         return visible
 
     return mod
+
+
+def _row_value(cached: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """S for batch row(s) b: the shared [] S itself, or S_b of a per-row [B] tensor."""
+    return cached[b] if cached.dim() else cached
 
 
 def build_static_decoder_masks(
@@ -310,8 +317,9 @@ def build_static_decoder_masks(
     """Masks of fixed shape for a denoising pass over a static cache: canvas [S, S+L) against all C slots.
 
     Args:
-        cached: S, the committed slots, as a [] long tensor on the device (`BlockDiffusionCache.length_t`): nothing
-            here reads it on the host, so a compiled pass neither syncs nor specializes on it.
+        cached: S, the committed slots, as a [] long tensor on the device (`BlockDiffusionCache.length_t`), or [B]
+            S_b per row (`RowCache.lengths_t`): nothing here reads it on the host, so a compiled pass neither syncs
+            nor specializes on it.
         capacity: C, the slots of the cache buffers (every layer's key view).
         keep: [B, slots] bool padding vector (False: padding, hidden from every query); None for no padding. Only
             cached slots (< S) are masked by it, as in `build_decoder_masks`.
@@ -325,7 +333,7 @@ def build_static_decoder_masks(
     for layer_type, shape in shapes.items():
         mods = [static_decoder_window(shape, cached, canvas_length, window)]
         if padded is not None:
-            mods.append(or_masks(key_padding(padded, 0), lambda b, h, q, kv: kv >= cached))
+            mods.append(or_masks(key_padding(padded, 0), lambda b, h, q, kv: kv >= _row_value(cached, b)))
         mask = materialize(and_masks(*mods), batch, canvas_length, capacity, device, backend)
         out[layer_type] = LayerMask(0, capacity, mask)
     return out

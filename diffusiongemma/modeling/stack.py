@@ -178,7 +178,10 @@ class DiffusionGemmaTextStack(nn.Module):
         B, L = canvas.shape
         S = cache.length  # host int, or [] device tensor for a static view
         if positions is None:
-            positions = (S + torch.arange(L, device=canvas.device))[None]  # [1, L]
+            if isinstance(S, torch.Tensor) and S.dim() == 1:  # a static view of `RowCache` rows: S_b per row
+                positions = S[:, None] + torch.arange(L, device=canvas.device)  # [B, L]
+            else:
+                positions = (S + torch.arange(L, device=canvas.device))[None]  # [1, L]
         x = self.self_conditioning(self.embed_tokens(canvas), soft_embeddings)  # [B, L, H]
         if masks is not None:
             if isinstance(cache, StaticCacheView):

@@ -29,6 +29,7 @@ class ServeOptions:
     max_model_len: int = 4096
     chat_template_kwargs: dict | None = None
     batch_invariant: bool = False  # every row alone in each pass (generation/invariant.py)
+    compile: bool | dict = False  # compiled denoising passes (`generate`'s `compile`: True or {mode, backend})
     decoder_window: str = "reference"  # "symmetric": the semantics switch (docs/reference-accuracy.md)
 
 
@@ -64,7 +65,8 @@ def build_app(options: ServeOptions) -> ServedApp:
                                     force_model=options.model, tokenizer=options.tokenizer,
                                     decoder_window=options.decoder_window)
     state = DiffusionGenerationState(max_batch_size=options.max_batch_size, max_queue=options.max_queue,
-                                     max_model_len=options.max_model_len, batch_invariant=options.batch_invariant)
+                                     max_model_len=options.max_model_len, batch_invariant=options.batch_invariant,
+                                     compile=options.compile)
     chat = DiffusionChatHandler(manager, state, chat_template_kwargs=options.chat_template_kwargs or {})
     completion = DiffusionCompletionHandler(manager, state)
     app = build_server(manager, chat, completion_handler=completion, response_handler=NotServed("/v1/responses"),

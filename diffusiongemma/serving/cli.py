@@ -37,6 +37,13 @@ def add_serve_commands(subparsers) -> None:
                    help="every request runs alone inside each pass, so a seeded request's tokens are bit-identical "
                    "to model.generate(prompt, seed=seed, batch_invariant=True) whatever else is served (slower; "
                    "docs/serving.md)")
+    p.add_argument("--compile", action="store_true",
+                   help="run every denoising pass as a fixed-shape torch.compile graph per row bucket (1, 2, 4, ... up "
+                   "to --max-batch-size) over a cache capacity fixed by --max-model-len; the first pass of each "
+                   "bucket compiles (docs/serving.md)")
+    p.add_argument("--compile-mode", choices=list(COMPILE_MODES), default=None,
+                   help="torch.compile mode of --compile (implies it): default, reduce-overhead (CUDA graphs) or "
+                   "max-autotune-no-cudagraphs")
     p.add_argument("--decoder-window", choices=["reference", "symmetric"], default="reference",
                    help="sliding-layer semantics of the denoising passes: reference (default), or symmetric, the "
                    "|q - k| <= W-1 window of flash-attention engines, a semantics switch for checking "
@@ -119,6 +126,17 @@ def stopping_server_class():
     return StoppingServer
 
 
+COMPILE_MODES = {"default": None, "reduce-overhead": "reduce-overhead",
+                 "max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs"}
+
+
+def serve_compile(flag: bool, mode: str | None) -> bool | dict:
+    """--compile / --compile-mode -> the scheduler's `compile` (False, or the torch.compile options)."""
+    if mode is None:
+        return bool(flag)
+    return {"mode": COMPILE_MODES[mode]} if COMPILE_MODES[mode] else True
+
+
 def run_serve(args) -> int:
     try:
         import uvicorn
@@ -136,6 +154,11 @@ def run_serve(args) -> int:
     if kwargs is not None and not isinstance(kwargs, dict):
         print("error: --chat-template-kwargs must be a JSON object", file=sys.stderr)
         return 2
+    compile = serve_compile(args.compile, args.compile_mode)
+    if compile and args.batch_invariant:
+        print("error: --compile cannot run with --batch-invariant: every request runs alone at the shapes of its solo "
+              "run, which a pass fixed per row bucket would change", file=sys.stderr)
+        return 2
     try:
         check_serve_sources(args.model, args.tokenizer)
     except (FileNotFoundError, ValueError) as error:
@@ -145,7 +168,7 @@ def run_serve(args) -> int:
         model=args.model, tokenizer=args.tokenizer, device=resolved_device(args.device), dtype=args.dtype,
         quantization=args.quantization, max_batch_size=args.max_batch_size, max_queue=args.max_queue,
         max_model_len=args.max_model_len, chat_template_kwargs=kwargs, batch_invariant=args.batch_invariant,
-        decoder_window=args.decoder_window,
+        decoder_window=args.decoder_window, compile=compile,
     ))
     server = StoppingServer(served, uvicorn.Config(served.app, host=args.host, port=args.port,
                                                    log_level=args.log_level,

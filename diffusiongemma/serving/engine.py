@@ -79,7 +79,7 @@ class DiffusionGenerateManager(BaseGenerateManager):
     """Generation for one model: every request becomes a row of the shared `ServingScheduler`.
 
     Args: scheduler_options: `ServingScheduler` keyword arguments (max_batch_size, max_queue, max_model_len,
-    batch_invariant).
+    batch_invariant, compile).
     """
 
     def __init__(self, **scheduler_options):

@@ -12,6 +12,11 @@ alone. With `batch_invariant` every row also runs its own forward and engine ste
 and tokens never depend on the other requests. Requests whose sampler draws from the global RNG (sampling "reference", "gumbel") run alone, through
 `model.generate`, between two passes (the pool waits).
 
+With `compile` (`diffusiongemma serve --compile`) every denoising pass of the pool runs through the fixed-shape
+compiled pass of its row bucket (`passes.RowForward`, `modeling.compile.RowDenoisePass`) against a capacity bucket
+fixed at startup (`max_model_len` slots), so concurrent requests arriving and leaving compile at most one graph per
+row bucket (1, 2, 4, ... up to `max_batch_size`).
+
 Legend: P prompt, L canvas length.
 """
 
@@ -24,6 +29,7 @@ from transformers import LogitsProcessorList
 from transformers.utils import logging
 
 from ..generation.engine import Plan
+from ..generation.options import compile_options
 from ..generation.plan import build_plan
 from ..generation.pool import Row, RowPool
 from .drafts import draft_confidence
@@ -61,10 +67,12 @@ class ServingScheduler:
         batch_invariant: every row runs alone inside each pass (`generation/invariant.py`): a seeded request's
             tokens are bit-identical to `model.generate(prompt, seed=seed, batch_invariant=True, ...)`, whatever
             else the server runs and whenever the request arrives.
+        compile: True or a dict of `torch.compile` options (mode, backend), as `generate`'s `compile`: denoising
+            passes run compiled (module docstring); refused with `batch_invariant`.
     """
 
     def __init__(self, model, max_batch_size: int = 8, max_queue: int = 64, max_model_len: int = 4096,
-                 logits_processor=None, batch_invariant: bool = False):
+                 logits_processor=None, batch_invariant: bool = False, compile: bool | dict = False):
         self.model, self.L = model, model.canvas_length
         self.V = model.config.text_config.vocab_size
         self.max_batch_size, self.max_queue = max_batch_size, max_queue
@@ -72,6 +80,10 @@ class ServingScheduler:
         if not isinstance(batch_invariant, bool):
             raise TypeError(f"`batch_invariant` must be a bool, got {batch_invariant!r}")
         self.batch_invariant = batch_invariant
+        self.compile = compile_options(compile)  # None: eager
+        if self.compile is not None and batch_invariant:
+            raise ValueError("`compile` cannot run with `batch_invariant`: every row runs alone at the shapes of its "
+                             "solo run, which a pass fixed per row bucket would change")
         self.max_model_len = min(max_model_len, model.config.text_config.max_position_embeddings)
         self.device = model.device
         self._waiting: collections.deque[Job] = collections.deque()
@@ -177,7 +189,8 @@ class ServingScheduler:
             capacity = self.max_model_len + max(self.max_model_len - self.L, self.L)
             self._pool = RowPool(self.model, self.max_batch_size, capacity, self.device,
                                  stop_after_canvas=lambda rows: [r.owner.streamer.abandoned for r in rows],
-                                 batch_invariant=self.batch_invariant)
+                                 batch_invariant=self.batch_invariant, compile=self.compile,
+                                 denoise_capacity=self.max_model_len)  # the capacity bucket: fixed at startup
         return self._pool
 
     def _plan(self, s: RequestSettings) -> Plan:
@@ -250,7 +263,8 @@ class ServingScheduler:
             self.model.generate(job.prompt[None], generation_config=s.config, sampling=s.sampling,
                                 streamer=job.streamer, max_new_tokens=s.max_new_tokens,
                                 logits_processor=self.processors, constraint=s.constraint,
-                                tokenizer=s.tokenizer if s.constraint is not None else None)
+                                tokenizer=s.tokenizer if s.constraint is not None else None,
+                                compile=self.compile or False)  # one row: the lock-step compiled pass
         except _GenerationCancelled:
             job.streamer.end()
         except Exception as error:  # noqa: BLE001 - the request fails, the server goes on

@@ -118,7 +118,8 @@ def test_compile_switch_compiles_one_graph_for_every_step_and_canvas_and_keeps_t
         torch.manual_seed(0)
         eager = model.generate(prompts(2), sampling=sampling, seed=seed, **kw).sequences
         torch.manual_seed(0)
-        compiled = model.generate(prompts(2), sampling=sampling, seed=seed, compile={"backend": counter}, **kw)
+        compiled = model.generate(prompts(2), sampling=sampling, seed=seed, compile={"backend": counter},
+                                  batching="lockstep", **kw)  # unset, compile with per-row samplers runs mixed
         assert torch.equal(compiled.sequences, eager)
     assert counter.frame_count == 1 and not counters["graph_break"] and not counters["recompiles"]
 
@@ -128,8 +129,8 @@ def test_compile_switch_errors_name_the_argument(model):
         model.generate(prompts(1), compile="yes", **KW)
     with pytest.raises(ValueError, match=r"`compile` options \['dynamic'\]"):
         model.generate(prompts(1), compile={"dynamic": True}, **KW)
-    with pytest.raises(ValueError, match="batching='mixed'"):
-        model.generate(prompts(2), sampling="fast", seed=0, batching="mixed", compile=True, **KW)
+    with pytest.raises(ValueError, match="batch_invariant=True .* cannot run with compile"):  # mixed compiles now
+        model.generate(prompts(2), sampling="fast", seed=0, batch_invariant=True, compile=True, **KW)
 
 
 def test_a_row_with_nothing_to_sample_is_an_error_in_both_modes(model):

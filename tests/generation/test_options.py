@@ -44,7 +44,9 @@ def test_a_refusal_names_every_feature_at_once():
     (dict(past_key_values=object()), "lockstep"),
     (dict(return_trace=True), "mixed"),  # a trace records the run the call makes without it
     (dict(return_trace=True, per_row=False), "lockstep"),
-    (dict(compile=True), "lockstep"),
+    (dict(compile=True), "mixed"),  # compiled mixed passes: compile no longer selects lock-step
+    (dict(compile=True, batch=1), "lockstep"),
+    (dict(compile=True, per_row=False), "lockstep"),
     (dict(batch_invariant=True), "invariant"),
     (dict(batching="lockstep", max_batch_size=3), "lockstep"),  # a slice as big as the batch is the batch
 ])

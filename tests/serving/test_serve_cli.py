@@ -131,3 +131,30 @@ def test_one_ctrl_c_stops_serve_during_a_long_request(tmp_path):
         if server.poll() is None:
             server.kill()
             server.wait(timeout=10)
+
+
+def test_serve_compile_flags_reach_the_scheduler(tmp_path, capsys, monkeypatch):
+    from conftest import tiny_model
+
+    from diffusiongemma.cli import main
+    from diffusiongemma.serving import app
+
+    bare = tmp_path / "no_tokenizer"
+    tiny_model().save_pretrained(bare)
+    assert main(["serve", "--model", str(bare), "--compile", "--batch-invariant"]) == 2
+    assert "--compile cannot run with --batch-invariant" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--model", str(bare), "--compile-mode", "fast"])
+    assert exit_.value.code == 2 and "--compile-mode" in capsys.readouterr().err
+    seen = []
+
+    def build_app(options):
+        seen.append(options.compile)
+        raise RuntimeError("stop here")  # before loading anything
+
+    monkeypatch.setattr(app, "build_app", build_app)
+    monkeypatch.setattr("diffusiongemma.serving.cli.check_serve_sources", lambda model, tokenizer: None)
+    for flags, expected in ((["--compile"], True), (["--compile-mode", "reduce-overhead"], {"mode": "reduce-overhead"}),
+                            ([], False)):
+        assert main(["serve", "--model", str(bare), *flags]) == 1 and "stop here" in capsys.readouterr().err
+        assert seen.pop() == expected

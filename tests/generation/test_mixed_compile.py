@@ -1,0 +1,95 @@
+"""Compiled mixed batching (`generate(compile=..., batching="mixed")`: passes.RowForward over a `RowCache` with the
+fixed-shape `modeling.compile.RowDenoisePass`): the tokens of the eager mixed pool, one graph per (row bucket,
+capacity bucket) whatever the prompt lengths, admissions, commits, rows leaving and canvases, and no graph break.
+
+Graphs are traced with dynamo's counting backend (the eager backend underneath: fast on CPU)."""
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounter
+from torch._dynamo.utils import counters
+
+from conftest import tiny_model
+from diffusiongemma.modeling.compile import RowDenoisePass, row_bucket
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+L = 16
+KW = dict(max_new_tokens=48, max_denoising_steps=10, pad_token_id=0, stability_threshold=0, confidence_threshold=0.8,
+          return_dict_in_generate=True, sampling="fast", batching="mixed")
+
+
+@pytest.fixture(scope="module")
+def model():
+    """Sharp logits: rows converge at different steps, so rows commit, leave and get refilled at different passes."""
+    model = tiny_model()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    return model
+
+
+def batch(lengths: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts of these lengths and their attention mask."""
+    g = torch.Generator().manual_seed(seed)
+    P = max(lengths)
+    ids = torch.randint(3, 128, (len(lengths), P), generator=g)
+    mask = torch.zeros(len(lengths), P, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, P - n :] = 1
+    return ids * mask, mask
+
+
+@pytest.fixture
+def buckets(monkeypatch):
+    """The (R, C') of every compiled pass."""
+    seen = []
+    inner = RowDenoisePass.__call__
+
+    def call(self, canvas, cache, soft, capacity):
+        seen.append((canvas.shape[0], capacity))
+        return inner(self, canvas, cache, soft, capacity)
+
+    monkeypatch.setattr(RowDenoisePass, "__call__", call)
+    return seen
+
+
+def test_compiled_mixed_pool_keeps_the_tokens_and_compiles_once_per_bucket(model, buckets):
+    counter = CompileCounter()
+    counters.clear()
+    # 5 prompts through 3 slots: rows arrive and leave; prompts shorter than L prefill beside denoising rows
+    for lengths, seed in (([6, 3, 9, 12, 5], 0), ([4, 11, 7, 2, 8], 1), ([10, 1, 5, 6, 3], 2)):
+        ids, mask = batch(lengths, seed)
+        kw = dict(KW, attention_mask=mask, seed=[7, 8, 9, 10, 11], max_batch_size=3)
+        eager = model.generate(ids, **kw)
+        compiled = model.generate(ids, compile={"backend": counter}, **kw)
+        assert torch.equal(compiled.sequences, eager.sequences)
+        torch.testing.assert_close(compiled.tokens_per_forward, eager.tokens_per_forward)
+    assert len(buckets) > 30
+    assert {c for _, c in buckets} == {64}  # prompts of 1..12 + 3 canvases of 16: one capacity bucket
+    assert {r for r, _ in buckets} <= {1, 2, 3}
+    assert counter.frame_count == len(set(buckets))  # one graph per bucket over ~100 passes and 3 calls
+    assert not counters["graph_break"]
+
+
+def test_later_calls_with_other_prompts_compile_only_buckets_not_seen_before(model, buckets):
+    counter = CompileCounter()
+    counters.clear()
+    kw = dict(KW, seed=3, compile={"backend": counter})
+    for lengths, seed in (([5, 9, 2, 7], 3), ([8, 3, 11, 6], 4), ([1, 12, 4, 10], 5), ([6, 6, 2, 9], 6)):
+        before, graphs = set(buckets), counter.frame_count
+        ids, mask = batch(lengths, seed)
+        model.generate(ids, **dict(kw, attention_mask=mask))
+        assert counter.frame_count - graphs == len(set(buckets) - before)  # new prompt lengths, same buckets: 0
+    assert counter.frame_count == len(set(buckets)) <= 3  # R in {1, 2, 4}, one capacity bucket
+    assert not counters["graph_break"]
+
+
+def test_row_buckets_are_powers_of_two_capped_at_the_slots():
+    assert [row_bucket(n, 8) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+    assert [row_bucket(n, 3) for n in range(1, 4)] == [1, 2, 3]
+
+
+def test_compile_with_batch_invariant_is_refused(model):
+    ids, mask = batch([3, 5], 0)
+    with pytest.raises(ValueError, match="batch_invariant=True .* cannot run with compile: "):
+        model.generate(ids, attention_mask=mask, seed=1, batch_invariant=True, compile={"backend": "eager"},
+                       **dict(KW, batching=None))
