@@ -115,6 +115,9 @@ def add_accuracy_commands(subparsers) -> None:
     p.add_argument("--sampling", choices=["reference", "fast", "gumbel"], default="reference",
                    help="reference (default), fast (lock-step, per-row seeds) or gumbel (semantics switch: reference "
                         "with vLLM's Gumbel-max draw)")
+    p.add_argument("--batching", choices=["lockstep", "mixed"], default="lockstep",
+                   help="lockstep (default: one record per step of the batch) or mixed (--sampling fast only: every "
+                        "row on its own schedule, one record per row and step; docs/trace-format.md)")
     p.set_defaults(func=run_trace)
 
     p = subparsers.add_parser("compare", help="replay a trace teacher-forced through the model; exit 0 within the "
@@ -192,6 +195,10 @@ def run_trace(args) -> int:
     from .format import MANIFEST, TENSORS
 
     out_dir = Path(args.out)
+    if args.batching == "mixed" and args.sampling != "fast":
+        print(f"error: --batching mixed needs --sampling fast (--sampling {args.sampling} draws from the global RNG "
+              "in the built-in's order over one lock-step batch)", file=sys.stderr)
+        return 2
     if out_dir.exists() and not out_dir.is_dir():
         print(f"error: --out {out_dir} is a file, not a folder", file=sys.stderr)
         return 2
@@ -208,7 +215,7 @@ def run_trace(args) -> int:
     overrides = {k: v for k, v in (("max_new_tokens", args.max_new_tokens), ("max_denoising_steps", args.steps))
                  if v is not None}
     if args.sampling == "fast":
-        overrides.update(sampling="fast", seed=args.seed, batching="lockstep")
+        overrides.update(sampling="fast", seed=args.seed, batching=args.batching)
     else:
         torch.manual_seed(args.seed)
     out = model.generate(enc["input_ids"].to(args.device), attention_mask=enc["attention_mask"].to(args.device),
