@@ -250,5 +250,6 @@ class RouteCount:
         sd = math.sqrt(self.var)
         if abs(self.hits - self.mu) <= sigmas * sd + 2:
             return None
-        return (*self.where, f"{self.hits} clean routes, the route probabilities of the recorded x_t and x0 "
-                             f"expect {self.mu:.1f} +- {sd:.1f}")
+        detail = (f"{self.hits} clean routes, the route probabilities of the recorded x_t and x0 expect "
+                  f"{self.mu:.1f} +- {sd:.1f}")
+        return (*self.where, detail)

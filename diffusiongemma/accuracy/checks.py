@@ -301,6 +301,10 @@ def run_checks(trace, sampler_config, stopper, tol: Tolerances) -> dict[str, Che
     names = CHECKS[1:]
     if trace.is_minimal:
         return {n: skipped(n, "minimal trace (no per-step records)") for n in names}
+    if trace.is_mixed:  # every row is its own one-row trace (accuracy/rows.py)
+        from .rows import checks_by_row
+
+        return checks_by_row(trace, lambda one: run_checks(one, sampler_config, stopper, tol))
     t, m = trace.tensors, trace.manifest
     settings = m.get("generation_config") or {}
     no_sampler = "manifest `generation_config` lacks `sampler_config`"

@@ -1,8 +1,9 @@
 """The trace format (docs/trace-format.md): a `Trace` in memory, `DIR/manifest.json` + `DIR/trace.safetensors` on
 disk, and the checks that name what is malformed.
 
-A full trace has one record per (canvas, denoising step) of a lock-step batch; a minimal trace holds only the
-prompts and the committed tokens (`sequences`).
+A full trace has one record per (canvas, denoising step) of a lock-step batch, or, from mixed batching, one record
+per (row, canvas, step) with the row in `row_index` (`Trace.row` splits it into one-row lock-step traces); a minimal
+trace holds only the prompts and the committed tokens (`sequences`).
 
 Legend: R records (canvas, step), B batch, P prompt, L canvas length, k top-k width, C canvases.
 """
@@ -42,6 +43,7 @@ OPTIONAL_STEP_TENSORS = {
     "draw_ids": (torch.int32, "RBL"),  # each position's drawn token (samplers that draft every position)
     "draw_logprobs": (torch.float32, "RBL"),  # its log-probability under the step's tempered distribution
 }
+ROW_INDEX = "row_index"  # int32 [R], mixed batching: the row of `sequences` each record is (its tensors [R, 1, ...])
 BASE_TENSORS = {"sequences": (torch.int32, "BT"), "attention_mask": (torch.bool, "BP")}
 REQUIRED_MANIFEST = ("format", "version", "prompt_length", "canvas_length")
 
@@ -67,6 +69,29 @@ class Trace:
     def is_minimal(self) -> bool:
         """Only prompts and committed tokens: compare scores each committed canvas as a denoising fixed point."""
         return "input_canvas" not in self.tensors
+
+    @property
+    def is_mixed(self) -> bool:
+        """Recorded with mixed batching: every record is one row's step (`row_index`), [R, 1, ...] wide."""
+        return ROW_INDEX in self.tensors
+
+    def row(self, b: int) -> "Trace":
+        """Row b of a mixed trace as the one-row lock-step trace it is: its prompt without padding, its own
+        canvases (not the fill after it finished) and its records, in canvas and step order."""
+        t = self.tensors
+        picked = torch.nonzero(t[ROW_INDEX] == b).view(-1)
+        P, L = self.prompt_length, self.canvas_length
+        sequence = t["sequences"][b]
+        mask = t.get("attention_mask")
+        prompt = sequence[:P][mask[b]] if mask is not None else sequence[:P]
+        canvases = int(t["canvas_index"][picked].max()) + 1 if picked.numel() else 0
+        tensors = {name: t[name][picked] for name in (*STEP_TENSORS, *OPTIONAL_STEP_TENSORS) if name in t}
+        tensors["sequences"] = torch.cat([prompt, sequence[P : P + canvases * L]])[None]
+        seeds = self.manifest.get("row_seeds")
+        manifest = dict(self.manifest, prompt_length=len(prompt), batch_size=1, batching="lockstep", row=b,
+                        row_seeds=[seeds[b]] if isinstance(seeds, list) and b < len(seeds) else None)
+        manifest.pop("tensors_sha256", None)
+        return Trace(manifest, tensors)
 
     @property
     def prompt_length(self) -> int:
@@ -198,23 +223,38 @@ def validate(trace: Trace) -> None:
         _check(bool((t["sequences"] < m["vocab_size"]).all()), f"tensor `sequences` holds token ids outside "
                f"[0, vocab_size={m['vocab_size']})")
     present = [name for name in STEP_TENSORS if name in t]
+    rows = t.get(ROW_INDEX)
+    _check(rows is None or bool(present), f"tensor `{ROW_INDEX}` names the row of each step record: it needs a full "
+           "trace (a minimal trace holds only `sequences` and optionally `attention_mask`)")
     if not present:
         return  # a minimal trace
     missing = [name for name in STEP_TENSORS if name not in t]
     _check(not missing, f"a full trace needs every per-step tensor; missing: {', '.join(missing)} (a minimal trace "
            "holds only `sequences` and optionally `attention_mask`)")
     sizes["L"] = m["canvas_length"]
+    step_sizes = sizes
+    if rows is not None:  # mixed batching: each record is one row's step, [R, 1, ...]
+        step_sizes = {k: v for k, v in sizes.items() if k != "B"}
+        _check_tensor(ROW_INDEX, rows, torch.int32, "R", step_sizes)
+        step_sizes["B"] = 1
+        _check(bool(((rows >= 0) & (rows < sizes["B"])).all()), f"tensor `{ROW_INDEX}` must lie in [0, "
+               f"{sizes['B']}) (the rows of `sequences`)")
+        _check(bool((rows[1:] >= rows[:-1]).all()), f"tensor `{ROW_INDEX}` must be non-decreasing (records by row, "
+               "then canvas and step)")
     for name, (dtype, template) in STEP_TENSORS.items():
-        _check_tensor(name, t[name], dtype, template, sizes)
+        _check_tensor(name, t[name], dtype, template, step_sizes)
     for name, (dtype, template) in OPTIONAL_STEP_TENSORS.items():
         if name in t:
-            _check_tensor(name, t[name], dtype, template, sizes)
+            _check_tensor(name, t[name], dtype, template, step_sizes)
+    sizes.update({k: v for k, v in step_sizes.items() if k != "B"})
     vocab = m.get("vocab_size")
     canvases = new // m["canvas_length"]
     ci = t["canvas_index"]
     _check(bool(((ci >= 0) & (ci < canvases)).all()), f"tensor `canvas_index` must lie in [0, {canvases}) (the "
            "canvases in `sequences`)")
-    _check(bool((ci[1:] >= ci[:-1]).all()), "tensor `canvas_index` must be non-decreasing (records in canvas order)")
+    new_row = rows[1:] != rows[:-1] if rows is not None else torch.zeros(max(len(ci) - 1, 0), dtype=torch.bool)
+    _check(bool(((ci[1:] >= ci[:-1]) | new_row).all()), "tensor `canvas_index` must be non-decreasing (records in "
+           "canvas order; in a mixed trace, within each row)")
     _check(("draw_ids" in t) == ("draw_logprobs" in t), "tensors `draw_ids` and `draw_logprobs` go together: the "
            "trace holds only one of them")
     for name in ("input_canvas", "argmax", "topk_ids", "sc_ids", "draw_ids")[:5 if "draw_ids" in t else 4]:
@@ -281,8 +321,9 @@ def _check_left_padding(mask: torch.Tensor) -> None:
 def _check_step_order(t: dict) -> None:
     """Within each canvas, step_index counts 0, 1, 2, ... and steps_remaining counts down by one from >= 1."""
     ci, si, n = t["canvas_index"].tolist(), t["step_index"].tolist(), t["steps_remaining"].tolist()
+    rows = t[ROW_INDEX].tolist() if ROW_INDEX in t else [0] * len(ci)
     for r in range(len(ci)):
-        first = r == 0 or ci[r] != ci[r - 1]
+        first = r == 0 or ci[r] != ci[r - 1] or rows[r] != rows[r - 1]
         expected = 0 if first else si[r - 1] + 1
         _check(si[r] == expected, f"tensor `step_index` at record {r} is {si[r]}, expected {expected} (canvas "
                f"{ci[r]}: steps 0, 1, ... in order)")

@@ -1,6 +1,10 @@
-"""Record a `Trace` while `generate` runs (lock-step batching): an observer of the row pool's pass events
-(`observe`, one record per engine call), then `finish` once. Only built when `return_trace=True`, so generation without a trace does no
-recording work.
+"""Record a `Trace` while `generate` runs: an observer of the row pool's pass events (`observe`), then `finish`
+once. Only built when `return_trace=True`, so generation without a trace does no recording work.
+
+Lock-step batching: one record per engine call, every row of the batch in it. Mixed batching (and batch-invariant):
+rows are at different canvases and steps in one pass, so each row's step is a record of its own, [1, ...] wide, with
+its row in `row_index` (docs/trace-format.md, "Mixed batching"); `finish` orders the records by row, then canvas and
+step, so each row reads as a one-row lock-step trace.
 
 Legend: B batch, B' rows that ran a step (fast mode), P prompt, L canvas length, V vocab, k top-k width.
 """
@@ -77,6 +81,7 @@ def run_manifest(model, run) -> dict:
         "sampling": run.sampling,
         "decoder_window": model.get_decoder().decoder_window,
         "batching": run.batching,
+        "batch_invariant": run.options.mode == "invariant",
         # reference mode draws from the global RNG: the seed it was last seeded with (torch.manual_seed)
         "seed": None if run.fast else torch.initial_seed(),
         "row_seeds": [g.initial_seed() for g in generators] if generators is not None else None,
@@ -102,14 +107,21 @@ class TraceRecorder:
         self.records: dict[str, list[torch.Tensor]] = {}
         self.canvas = self.step = 0
         self.sc_ids = self.sc_logprobs = self.sc_present = None
+        self.mixed = run.batching == "mixed"
+        self.row_sc: dict[int, tuple] = {}  # mixed: row -> its self-conditioning top-k (ids, log-probs) [1, L, k]
 
     def _add(self, **tensors: torch.Tensor) -> None:
         for name, value in tensors.items():
             self.records.setdefault(name, []).append(value.detach().cpu())
 
     def observe(self, events) -> None:
-        """An observer of the pool's pass events (`pool.PassEvents`): one record per engine call."""
+        """An observer of the pool's pass events (`pool.PassEvents`): one record per engine call (lock-step), one
+        per row and engine call (mixed)."""
         for record in events.records:
+            if self.mixed:
+                for j in range(len(record.rows)):
+                    self.record_row(record, j)
+                continue
             if record.steps_remaining == self.run.config.max_denoising_steps:  # the first step of a canvas
                 self.begin_canvas(record, record.canvas_index)
             self.record_step(record)
@@ -166,9 +178,48 @@ class TraceRecorder:
         self.sc_present = self.sc_present | updated
         self.step += 1
 
+    def record_row(self, record, j: int) -> None:
+        """Mixed batching: row j of the call (`pool.PassRecord`, every row sampled) as a record of its own; within a
+        canvas it always takes its step's distribution as the next input (it never waits, stopped, for others)."""
+        row, result = record.rows[j], record.result
+        n, c = record.row_steps_remaining[j], record.row_canvas_index[j]
+        N = row.plan.max_steps
+        ids, logprobs = top_k_logprobs(result.logits[j : j + 1], self.k)  # [1, L, k]
+        seeded = self.run.self_conditioning_logits
+        if n == N:  # a canvas's first step: no input, except a caller's `self_conditioning_logits` on canvas 0
+            self.row_sc[row.index] = (top_k_logprobs(seeded[row.index : row.index + 1], self.k)
+                                      if c == 0 and seeded is not None else None)
+        sc = self.row_sc[row.index]
+        if self.run.trace_sc_embedding:  # the decoder's exact self-conditioning input (zeros: none)
+            soft = record.soft[j : j + 1] if record.soft is not None else None
+            self._add(sc_embedding=(soft.float() if soft is not None
+                                    else torch.zeros(1, *ids.shape[1:2], self.hidden))[None])
+        self._add(
+            row_index=torch.tensor([row.index], dtype=torch.int32),
+            canvas_index=torch.tensor([c], dtype=torch.int32),
+            step_index=torch.tensor([N - n], dtype=torch.int32),
+            steps_remaining=torch.tensor([n], dtype=torch.int32),
+            temperature=result.temperature[j].reshape(1).float(),
+            active=torch.ones(1, 1, dtype=torch.bool), input_canvas=record.canvas[j : j + 1].to(torch.int32)[None],
+            sc_present=torch.tensor([[sc is not None]]),
+            sc_ids=(sc[0] if sc is not None else torch.zeros_like(ids))[None],
+            sc_logprobs=(sc[1] if sc is not None else torch.zeros_like(logprobs))[None],
+            topk_ids=ids[None], topk_logprobs=logprobs[None],
+            argmax=result.argmax[j : j + 1].to(torch.int32)[None], entropy=result.entropy[j : j + 1].float()[None],
+            accepted=result.accepted[j : j + 1][None], stopped=result.stop[j : j + 1].bool()[None],
+        )
+        if result.drawn is not None:  # samplers that draft every position: the draw and its tempered log-prob
+            drawn = result.drawn[j : j + 1].long()  # [1, L]
+            drawn_lp = torch.log_softmax(result.logits[j : j + 1].float(), dim=-1).gather(-1, drawn[..., None])[..., 0]
+            self._add(draw_ids=drawn.to(torch.int32)[None], draw_logprobs=drawn_lp[None])
+        self.row_sc[row.index] = (ids, logprobs)
+
     def finish(self, sequences: torch.Tensor) -> Trace:
         """The trace of the whole run; sequences [B, P + C*L] as committed."""
         tensors = {name: torch.cat(parts) for name, parts in self.records.items()}
+        if self.mixed and tensors:  # records by row, then canvas and step (each row's own order; a stable sort)
+            order = torch.sort(tensors["row_index"], stable=True).indices
+            tensors = {name: value[order] for name, value in tensors.items()}
         tensors["sequences"] = sequences.detach().cpu().to(torch.int32)
         P = self.run.input_ids.shape[1]
         mask = self.run.attention_mask

@@ -51,6 +51,7 @@ class StepScore:
     sc_ours: float = math.nan
     sc_spread: float = math.nan
     sc_matched: float = math.nan
+    row: int | None = None  # a mixed trace's row (each row is replayed as its own sequence); None: all rows
 
     def as_dict(self) -> dict:
         """The fields, with NaN (not measured) as None so the JSON output is strict JSON."""
@@ -297,4 +298,8 @@ def replay(model, trace: Trace) -> list[StepScore]:
 
             raise TraceFormatError(f"tensor `{name}` holds token id {int(ids.max())}, outside the model's vocabulary "
                                    f"[0, {V})")
+    if trace.is_mixed:  # each row as the independent sequence it was in the pool (accuracy/rows.py)
+        from .rows import replay_rows
+
+        return replay_rows(model, trace, replay_full)
     return replay_minimal(model, trace) if trace.is_minimal else replay_full(model, trace)

@@ -64,6 +64,7 @@ def summarize(scores: list[StepScore], minimal: bool, min_top1: float | None, ma
         "first_failure": first,
         "failed_checks": [n for n, ch in checks.items() if ch["status"] == "fail"],
         "skipped_checks": {n: ch["reason"] for n, ch in checks.items() if ch["status"] == "skipped"},
+        "partial_checks": {n: ch["reason"] for n, ch in checks.items() if ch["status"] != "skipped" and ch["reason"]},
         "checks": checks,
         "first_failing_canvas": failing[0] if failing else None,
         "failing_canvases": failing,
@@ -116,6 +117,8 @@ def format_table(summary: dict) -> str:
     for name, check in summary.get("checks", {}).items():
         extra = (f" ({check['reason']})" if check["status"] == "skipped"
                  else f", {check['failures']} failing of {check['checked']}" if check["status"] == "fail" else "")
+        if check["status"] != "skipped" and check["reason"]:  # a partial check says what it could not judge
+            extra += f" ({check['reason']})"
         lines.append(f"check {name:<18} {check['status'].upper()}{extra}")
     first = summary.get("first_failure")
     if first is not None:

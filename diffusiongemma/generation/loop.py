@@ -179,12 +179,13 @@ def generate(
         batch_invariant: every row runs alone inside the row pool (its own forward and engine step, at the shapes
             of its solo run), so a seeded row's logits and tokens are bit-identical to running it alone with
             `batch_invariant=True`, whatever else shares the batch (prompt lengths, padding, `max_batch_size`).
-            Implies batching="mixed" (also for one row); refuses lock-step batching, `compile`, a streamer,
-            `past_key_values`, `return_trace`, samplers drawing from the global RNG, and image prompts in a batch
+            Implies batching="mixed" (also for one row); refuses lock-step batching, `compile`,
+            `past_key_values`, samplers drawing from the global RNG, and image prompts in a batch
             of several rows (the vision tower encodes them together). Costs throughput: see docs/generation.md.
         return_trace: also return `out.trace`, a `diffusiongemma.accuracy.Trace` of every canvas and step (input
             canvas, self-conditioning top-k, argmax, entropy, accepted mask, temperature, stop decision, committed
-            tokens; see docs/trace-format.md). Lock-step batching only (with `batching` unset it selects lock-step);
+            tokens; see docs/trace-format.md). It records the run the call makes without it: with mixed batching
+            (and `batch_invariant`) one record per row and step, each row replayable as its own sequence;
             implies a dict output. Off: no cost.
         trace_top_k: how many of the most likely tokens a trace keeps per position (default 8).
         trace_sc_embedding: the trace also keeps each step's exact self-conditioning input [B, L, H] (4*H bytes

@@ -17,6 +17,7 @@ from .engine import Plan
 from .observers import RoundStreamer, wants_drafts
 from .outputs import generation_output
 from .pool import Row, RowPool
+from .recording import trace_recorder
 from .resolve import GenerationRun
 
 
@@ -42,7 +43,8 @@ def user_criteria_policy(user_criteria, L: int):
 def run_mixed(model, plan: Plan, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, generators: list,
               num_canvases: int, eos_ids, pad_token_id, max_batch_size: int, user_criteria=None,
               first_canvas=None, first_soft=None, images: PromptImages | None = None, batch_invariant: bool = False,
-              observers=(), draft: bool = False, compile: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              observers=(), draft: bool = False, compile: dict | None = None, record: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """input_ids [N, P] (left-padded, `attention_mask` [N, P]) -> (sequences [N, P + c*L] with each row's original
     prompt, its canvases and padding after it finished; denoising passes per row [N] int32).
 
@@ -50,6 +52,7 @@ def run_mixed(model, plan: Plan, input_ids: torch.Tensor, attention_mask: torch.
     optional `PromptImages` of the padded batch. batch_invariant: the pool runs every row alone (`invariant.py`).
     observers: called with every pass's `PassEvents` (observers.py); draft: every row reports its drafts.
     compile: the `compiled_denoise_pass` options: denoising passes run compiled per row bucket (`passes.RowForward`).
+    record: the events carry every engine call's `PassRecord` (a trace recorder observes them).
 
     Raises:
         NonFiniteLogitsError: some row's logits held NaN/Inf (the first such row, by its place in the batch).
@@ -67,7 +70,7 @@ def run_mixed(model, plan: Plan, input_ids: torch.Tensor, attention_mask: torch.
         needed, padding_room = capacity_bucket(needed, L), capacity_bucket(padding_room, L)
     pool = RowPool(model, slots, needed + padding_room, input_ids.device,
                    stop_after_canvas=user_criteria_policy(user_criteria, L), batch_invariant=batch_invariant,
-                   compile=compile, denoise_capacity=needed)
+                   compile=compile, denoise_capacity=needed, record=record)
     waiting = [Row(
         index=i, prompt=p, plan=plan, generator=generators[i], num_canvases=num_canvases, eos_ids=eos_ids,
         pad_token_id=pad_token_id, first_canvas=first_canvas[i] if first_canvas is not None else None,
@@ -107,7 +110,8 @@ def assemble(rows: list[Row], input_ids: torch.Tensor, canvas_length: int, fill:
 def generate_mixed(model, run: GenerationRun, plan, batch_invariant: bool = False, streamer=None):
     """Mixed batching: each row commits as soon as its canvas converged and leaves the batch when it finished.
     plan: the call's `engine.Plan` (`loop.plan_for`); batch_invariant: every row runs alone (`invariant.py`);
-    streamer: follows the batch round by round (`observers.RoundStreamer`)."""
+    streamer: follows the batch round by round (`observers.RoundStreamer`). With `return_trace`, the trace recorder
+    observes every pass and records each row's steps as its own (docs/trace-format.md, "Mixed batching")."""
     config, stack = run.config, model.get_decoder()
     sc_logits = run.self_conditioning_logits
     first_soft = None
@@ -123,12 +127,17 @@ def generate_mixed(model, run: GenerationRun, plan, batch_invariant: bool = Fals
         observers.append(RoundStreamer(streamer, run.input_ids.shape[0], model.canvas_length,
                                        pad if pad is not None else 0))
         streamer.put(run.input_ids.cpu())
+    recorder = None
+    if run.trace_top_k is not None:  # off by default: no recording work at all
+        recorder = trace_recorder(model, run)  # accuracy's recorder (recording.py: generation never imports it)
+        observers.append(recorder.observe)
     sequences, passes = run_mixed(
         model, plan, run.input_ids, run.attention_mask, run.generators, run.num_canvases, run.eos_ids,
         config.pad_token_id, run.max_batch_size or run.input_ids.shape[0], run.user_criteria,
         run.decoder_input_ids, first_soft, run.images, batch_invariant, observers, wants_drafts(streamer),
-        run.options.compile,
+        run.options.compile, record=recorder is not None,
     )
     if streamer is not None:
         streamer.end()
-    return generation_output(config, sequences, run.input_ids.shape[1], passes)
+    trace = recorder.finish(sequences) if recorder is not None else None
+    return generation_output(config, sequences, run.input_ids.shape[1], passes, trace=trace)

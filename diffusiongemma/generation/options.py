@@ -9,9 +9,10 @@ Modes (every one runs in the row pool, `pool.py`):
     invariant  mixed, every row alone inside each pass (`batch_invariant=True`, invariant.py)
 
 Choices made for the user (documented at `generate`): with `batching` unset, a sampler that draws per row and more
-than one row run "mixed" (compiled or not), unless a streamer, `past_key_values` or `return_trace` asks for lock-step;
-`batch_invariant=True` runs "invariant"; a global-RNG sampler runs "lockstep". Anything else a mode cannot do is
-refused from `CAPABILITIES`, in one message style.
+than one row run "mixed" (compiled or not), unless a streamer or `past_key_values` asks for lock-step;
+`batch_invariant=True` runs "invariant"; a global-RNG sampler runs "lockstep". `return_trace` changes nothing: a
+trace records the run the call makes without it (mixed traces: one record per row and step, docs/trace-format.md).
+Anything else a mode cannot do is refused from `CAPABILITIES`, in one message style.
 """
 
 from dataclasses import dataclass
@@ -31,8 +32,6 @@ CAPABILITIES: dict[str, dict[str, str]] = {
     },
     "return_trace": {
         "slices": "a trace records one batch, and the slices are several",
-        "mixed": "a trace's records are lock-step steps (one canvas and step for every row)",
-        "invariant": "a trace's records are lock-step steps (one canvas and step for every row)",
     },
     "compile": {
         "invariant": "every row runs alone at the shapes of its solo run, which a pass fixed per row bucket would "
@@ -142,7 +141,7 @@ def run_options(batching, max_batch_size, compile, batch_invariant, return_trace
     elif batching == "mixed":
         mode = "mixed"
     elif batching is None and per_row and batch > 1 and not any(
-            used[f] for f in ("streamer", "past_key_values", "return_trace")):
+            used[f] for f in ("streamer", "past_key_values")):
         mode = "mixed"
     elif max_batch_size is not None and max_batch_size < batch:
         mode = "slices"

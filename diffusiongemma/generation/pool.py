@@ -110,6 +110,9 @@ class PassRecord:
         result: the engine's `StepResult` for the sampled rows (with the tempered logits when the pool records).
         frozen: [g] bool, the rows whose stopper had fired before the step (lock-step), or None: none had.
         canvas_index: the canvas the step denoised (0-based).
+        row_steps_remaining / row_canvas_index: per row of `rows`, its n and canvas when the step began (mixed
+            batching, where the rows of one call are at different canvases and steps), or None: every row is at
+            `steps_remaining` and `canvas_index` (lock-step).
     """
 
     rows: list
@@ -121,6 +124,8 @@ class PassRecord:
     result: StepResult
     frozen: torch.Tensor | None = None
     canvas_index: int = 0
+    row_steps_remaining: list[int] | None = None
+    row_canvas_index: list[int] | None = None
 
 
 class RowPool:
@@ -266,7 +271,9 @@ class RowPool:
             if before is not None:
                 events.records.append(PassRecord(group, list(range(len(group))), before[0], before[1],
                                                  group[0].steps_remaining, torch.ones(len(group), dtype=torch.bool),
-                                                 out, canvas_index=len(group[0].canvases)))
+                                                 out, canvas_index=len(group[0].canvases),
+                                                 row_steps_remaining=[r.steps_remaining for r in group],
+                                                 row_canvas_index=[len(r.canvases) for r in group]))
             results.append((group, out))
         flags = []
         for group, out in results:

@@ -95,13 +95,16 @@ def test_fast_lockstep_rows_do_not_depend_on_the_batch(model, one_thread):
     assert checked >= STEPS
 
 
-def test_trace_refuses_mixed_batching_and_bad_widths(model):
+def test_a_trace_records_the_batching_the_call_runs_and_refuses_bad_widths(model):
     ids = torch.randint(4, 100, (2, 5))
-    with pytest.raises(ValueError, match="batching='mixed' cannot run with return_trace"):
-        model.generate(ids, sampling="fast", seed=0, return_trace=True, batching="mixed", max_new_tokens=16)
-    # with `batching` unset a trace selects lock-step (documented at `generate`) instead of failing
+    # with `batching` unset a trace records what the call runs without it: mixed for per-row samplers
     out = model.generate(ids, sampling="fast", seed=0, return_trace=True, max_new_tokens=16)
-    assert out.trace.manifest["batching"] == "lockstep"
+    plain = model.generate(ids, sampling="fast", seed=0, max_new_tokens=16, return_dict_in_generate=True)
+    assert out.trace.manifest["batching"] == "mixed" and out.trace.is_mixed
+    assert torch.equal(out.sequences, plain.sequences)
+    with pytest.raises(ValueError, match="cannot run with return_trace: a trace records one batch"):
+        model.generate(ids, sampling="fast", seed=0, return_trace=True, batching="lockstep", max_batch_size=1,
+                       max_new_tokens=16)
     with pytest.raises(ValueError, match="trace_top_k"):
         model.generate(ids, return_trace=True, trace_top_k=0, max_new_tokens=16)
 

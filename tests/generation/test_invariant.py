@@ -89,7 +89,6 @@ def test_invariant_first_canvas_inputs_and_bf16(monkeypatch):
 @pytest.mark.parametrize("bad, message", [
     (dict(batching="lockstep"), "batching='lockstep'"),
     (dict(compile=True), "compile"),
-    (dict(return_trace=True), "return_trace"),
     (dict(sampling="reference", seed=None), "batch_invariant"),
 ])
 def test_invariant_refuses_what_cannot_hold_the_guarantee(bad, message):

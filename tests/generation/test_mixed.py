@@ -218,3 +218,29 @@ def test_a_streamer_follows_a_mixed_batch_round_by_round(model):
     assert all(r.shape == (3, L) for r in rounds)
     assert torch.equal(torch.cat(rounds, dim=1), out[:, ids.shape[1]:])
     assert all(v.shape == (3, L) for k, v in streamer.calls if k == "draft")
+
+
+def collapse(values: list) -> list:
+    """Consecutive repeats dropped."""
+    return [v for i, v in enumerate(values) if i == 0 or not torch.equal(v, values[i - 1])]
+
+
+def test_mixed_draft_streaming_shows_each_rows_own_steps(model):
+    """Draft streaming (`put_draft`) with mixed batching, rows arriving and leaving (2 slots, 3 rows): every draft is
+    [B, L], and row b's column, repeats dropped, is the argmax of each of its own steps in order (its trace's
+    records), after the fill while it waits for a slot."""
+    ids = prompts(3)
+    kw = dict(KW, eos_token_id=7)
+    streamer = RoundRecorder()
+    out = model.generate(ids, sampling="fast", seed=[5, 9, 2], batching="mixed", max_batch_size=2, streamer=streamer,
+                         return_trace=True, trace_top_k=2, **kw)
+    drafts = [v for k, v in streamer.calls if k == "draft"]
+    assert drafts and all(d.shape == (3, L) for d in drafts)
+    trace = out.trace
+    for b in range(3):
+        column = collapse([d[b] for d in drafts])
+        waited = torch.equal(column[0], torch.zeros(L, dtype=torch.long))  # the fill, before row b's first step
+        assert waited == (b == 2)  # row 2 waits for a free slot: drafts of the others come first
+        column = column[1:] if waited else column
+        steps = collapse([a.long() for a in trace.tensors["argmax"][trace.tensors["row_index"] == b][:, 0]])
+        assert len(column) == len(steps) and all(torch.equal(x, y) for x, y in zip(column, steps))

@@ -33,7 +33,7 @@ def test_every_mode_runs_or_refuses_every_feature_from_the_table(mode, feature):
 
 def test_a_refusal_names_every_feature_at_once():
     with pytest.raises(ValueError, match="past_key_values: .*; return_trace: "):
-        options(batching="mixed", past_key_values=object(), return_trace=True)
+        options(batching="lockstep", max_batch_size=2, past_key_values=object(), return_trace=True)
 
 
 @pytest.mark.parametrize("kw, mode", [
@@ -42,7 +42,8 @@ def test_a_refusal_names_every_feature_at_once():
     (dict(per_row=False), "lockstep"),
     (dict(streamer=object()), "lockstep"),  # the documented choices: these select lock-step when batching is unset
     (dict(past_key_values=object()), "lockstep"),
-    (dict(return_trace=True), "lockstep"),
+    (dict(return_trace=True), "mixed"),  # a trace records the run the call makes without it
+    (dict(return_trace=True, per_row=False), "lockstep"),
     (dict(compile=True), "mixed"),  # compiled mixed passes: compile no longer selects lock-step
     (dict(compile=True, batch=1), "lockstep"),
     (dict(compile=True, per_row=False), "lockstep"),

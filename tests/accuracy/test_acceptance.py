@@ -11,6 +11,7 @@ import torch
 from diffusiongemma import BlockRefinementSamplerConfig, ConfidenceThresholdSamplerConfig, DiscreteDDIMSamplerConfig
 from diffusiongemma.accuracy import load_trace
 from diffusiongemma.accuracy.checks import Tolerances, recorded_sampler_config, run_checks
+from diffusiongemma.accuracy.format import TraceFormatError, validate
 from diffusiongemma.cli import main
 from diffusiongemma.generation import block_refinement, confidence_threshold, discrete_ddim
 
@@ -45,11 +46,29 @@ def test_a_clean_run_records_the_draws_and_passes(saved_pair, name, one_thread):
     assert checks["renoise"].status == "pass", checks["renoise"]
 
 
-def test_without_the_draws_the_check_is_partial_and_says_so(saved_pair, one_thread):
+def test_without_the_draws_the_check_is_partial_and_says_so(saved_pair, tmp_path, capsys, one_thread):
     trace = run(saved_pair[2], CONFIGS["block_refinement"])
     del trace.tensors["draw_ids"], trace.tensors["draw_logprobs"]
     result = acceptance(trace)
     assert result.status == "pass" and result.reason.startswith("partial: the trace lacks `draw_ids`")
+    trace.save(tmp_path / "t")  # a foreign trace without the optional fields still compares, and says what it lacks
+    capsys.readouterr()
+    assert main(["compare", "--model", str(saved_pair[0]), "--trace", str(tmp_path / "t"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert list(summary["partial_checks"]) == ["acceptance"] and summary["skipped_checks"] == {}
+    assert main(["compare", "--model", str(saved_pair[0]), "--trace", str(tmp_path / "t")]) == 0
+    assert "check acceptance         PASS (partial: the trace lacks `draw_ids`" in capsys.readouterr().out
+
+
+def test_a_trace_with_only_one_of_the_draw_fields_is_malformed(saved_pair, tmp_path, one_thread):
+    trace = run(saved_pair[2], CONFIGS["block_refinement"])
+    del trace.tensors["draw_logprobs"]
+    with pytest.raises(TraceFormatError, match="`draw_ids` and `draw_logprobs` go together"):
+        validate(trace)  # what load_trace (and save) run
+    trace = run(saved_pair[2], CONFIGS["block_refinement"])
+    trace.tensors["draw_ids"][0, 0, 0] = 128
+    with pytest.raises(TraceFormatError, match=r"tensor `draw_ids` holds token ids outside \[0, vocab_size=128\)"):
+        validate(trace)
 
 
 def least_probable_first(committed, confidence, threshold, factor, real=confidence_threshold.threshold_commits):
@@ -74,6 +93,7 @@ def no_stay_route(canvas, x0, i, predictors, vocab_size, real=discrete_ddim.rout
 
 PLANTED = {
     "confidence_threshold": (confidence_threshold, "threshold_commits", least_probable_first),
+    "confidence_factor": (confidence_threshold, "threshold_commits", least_probable_first),
     "block_refinement": (block_refinement, "quota_commits", least_probable_quota),
     "discrete_ddim": (discrete_ddim, "route_probabilities", shifted_time_grid),
 }
