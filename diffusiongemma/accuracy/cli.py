@@ -165,6 +165,9 @@ def add_accuracy_commands(subparsers) -> None:
     p.add_argument("--max-dp-rms", type=_non_negative, default=None, help="exit 1 when dp_rms exceeds this")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 or auto")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--quantization", choices=["bnb-4bit", "bnb-8bit"], default=None,
+                   help="quantize --model on load with bitsandbytes (4-bit NF4 or LLM.int8; serve's names), to judge "
+                        "what bitsandbytes does to a bf16/fp32 checkpoint; --base loads as it is")
     p.set_defaults(func=run_kl)
 
     p = subparsers.add_parser("golden", help="write golden outputs for another engine's CI, or --check them",
@@ -292,6 +295,20 @@ def trace_checks(trace, model, args) -> dict:
     return run_checks(trace, recorded_sampler_config(trace.manifest), stopper, tol)
 
 
+def bnb_config(name: str | None, dtype):
+    """`--quantization` -> a `BitsAndBytesConfig` (None: load as saved). 4-bit is NF4 computing in `dtype` (the
+    checkpoint's dtype when `dtype` is "auto")."""
+    if name is None:
+        return None
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if name == "bnb-8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    compute = dtype if isinstance(dtype, torch.dtype) else None
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute)
+
+
 def run_kl(args) -> int:
     """`diffusiongemma kl` (accuracy/kl.py)."""
     import torch
@@ -312,9 +329,15 @@ def run_kl(args) -> int:
     models = []
     for flag, path in (("--base", args.base), ("--model", args.model)):
         try:
-            models.append(DiffusionGemmaForBlockDiffusion.from_pretrained(path, dtype=dtype_arg(args.dtype))
-                          .to(args.device).eval())
-        except (OSError, ValueError) as e:
+            quantization = bnb_config(args.quantization, dtype_arg(args.dtype)) if flag == "--model" else None
+            if quantization is None:
+                model = DiffusionGemmaForBlockDiffusion.from_pretrained(path, dtype=dtype_arg(args.dtype))
+                model = model.to(args.device)
+            else:  # bitsandbytes places the quantized weights itself
+                model = DiffusionGemmaForBlockDiffusion.from_pretrained(
+                    path, dtype=dtype_arg(args.dtype), quantization_config=quantization, device_map=args.device)
+            models.append(model.eval())
+        except (OSError, ValueError, ImportError) as e:
             print(f"error: {flag} {path}: {e}", file=sys.stderr)
             return 2
     base, other = models

@@ -73,3 +73,28 @@ def test_near_ties_are_counted_apart():
     report = summarize_kl([part])
     assert report["top1_agreement"] == 1.0 and report["near_ties"] == 1 and report["near_tie_flips"] == 1
     assert report["dp_rms"] == pytest.approx(0.2 / 2 ** 0.5)
+
+
+@pytest.mark.parametrize("scheme", ["bnb-8bit", "bnb-4bit"])
+def test_bitsandbytes_quantization_of_the_model_side(tmp_path, prompts, capsys, one_thread, scheme):
+    """`--quantization` loads --model through bitsandbytes (issue 37: kl works on bitsandbytes too); widths the
+    CPU 4-bit kernel takes (tests/quantization/test_bnb.py)."""
+    bnb = pytest.importorskip("bitsandbytes")
+    from conftest import tiny_config, tiny_model, tiny_tokenizer
+
+    tiny_model(tiny_config(intermediate_size=128, head_dim=32, global_head_dim=64), seed=4).save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    try:
+        code, report, err = run_kl(capsys, tmp_path, tmp_path, prompts, "--quantization", scheme)
+    except (RuntimeError, NotImplementedError) as error:  # a bitsandbytes build without CPU kernels
+        pytest.skip(f"bitsandbytes {bnb.__version__} cannot run {scheme} on this CPU: {error}")
+    assert code == 0, err
+    # the same folder on both sides: only the quantization of the model side moves the distribution
+    assert 0 < report["kl_mean"] < 0.5 and report["dp_rms"] > 0
+
+
+def test_quantization_names_are_checked(saved_pair, prompts, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["kl", "--base", str(saved_pair[0]), "--model", str(saved_pair[0]), "--prompts", str(prompts),
+              "--quantization", "bnb-2bit"])
+    assert exit_.value.code == 2 and "--quantization" in capsys.readouterr().err
