@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..modeling.host import device_tensor
 from .commit import CommitSampler, commit, descending_ranks, draft
 from .entropy_bound import SoftEmbed, StepOutput
 
@@ -66,7 +67,7 @@ def quota_commits(committed: torch.Tensor, confidence: torch.Tensor, step: list[
     if all(s == step[0] for s in step):  # lock-step: one host int, no host-to-device copy
         target = ((step[0] + 1) * L + max_steps - 1) // max_steps  # ceil(done * L / N)
     else:  # the row pool: each row at its own step
-        done = torch.tensor(step, device=committed.device) + 1  # [B] steps done after this one
+        done = device_tensor(step, torch.long, committed.device) + 1  # [B] steps done after this one (async copy)
         target = (done * L + max_steps - 1) // max_steps  # [B]
     owed = (target - committed.sum(dim=-1)).clamp(min=0)  # [B]
     ranks = descending_ranks(confidence.masked_fill(committed, float("-inf")))  # committed ones rank last

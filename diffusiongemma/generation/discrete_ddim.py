@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..generation_config import MAX_DENOISING_STEPS
+from ..modeling.host import device_tensor
 from .commit import draft
 from .draws import Generators, categorical, random_tokens, uniforms
 from .entropy_bound import SoftEmbed, StepOutput
@@ -177,7 +178,7 @@ class DiscreteDDIMSampler:
             parts.setdefault(e, []).append(b)
         outs = []
         for e, rows in parts.items():
-            index = torch.tensor(rows, device=logits.device)
+            index = device_tensor(rows, torch.long, logits.device)  # async copy, no host sync
             gens = [generators[b] for b in rows] if generators is not None else None
             outs.append((index, self._pass(logits[index], canvas[index], e, gens, soft_embed)))
         return StepOutput(*(merge([(index, out[f]) for index, out in outs], canvas.shape[0])

@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 from transformers import LogitsProcessorList
 
+from ..modeling.host import device_tensor
 from .entropy_bound import SoftEmbed
 from .finite import fault_codes, model_logits_bad, processed_scores_bad, raise_for_faults
 from .sampler import Sampler
@@ -122,7 +123,7 @@ def row_temperatures(plan: Plan, steps_remaining: list[int]) -> torch.Tensor:
     """[B'] fp32 on the device: each row's temperature, indexed from the plan's schedule (no host-to-device copy)."""
     if all(n == steps_remaining[0] for n in steps_remaining):
         return plan.temperatures[steps_remaining[0]].expand(len(steps_remaining))
-    return plan.temperatures[torch.tensor(steps_remaining, device=plan.temperatures.device)]
+    return plan.temperatures[device_tensor(steps_remaining, torch.long, plan.temperatures.device)]  # async copy
 
 
 def apply_processors(plan: Plan, rows: StepRows, logits: torch.Tensor) -> tuple[torch.Tensor, tuple | None]:

@@ -21,6 +21,7 @@ Legend: B batch, H hidden, K kv heads, D head dim, L canvas length, C cache capa
 """
 
 import copy
+import types
 from typing import Callable
 
 import torch
@@ -46,9 +47,23 @@ class DenoisePass:
         self.model = model
         self.mode, self.backend, self.compiled = mode, backend, compile
         self._zeros: dict = {}  # (shape, dtype, device) -> the stand-in for a missing self-conditioning input
-        self._fn = self.eager_pass
-        if compile:
-            self._fn = torch.compile(self.eager_pass, fullgraph=True, dynamic=False, mode=mode, backend=backend)
+        self._graphs: dict = {}  # bucket -> its compiled pass (see `_fn`)
+
+    def _fn(self, *args):
+        """Run the pass for these arguments: eagerly, or through the compiled function of their bucket.
+
+        Every bucket gets its own `torch.compile` over its own copy of `eager_pass`'s code object, because dynamo
+        keeps its graphs per code object and refuses (fullgraph) past `recompile_limit` (8) of them: a server with
+        many row buckets, or a process with several models, would reach it. One code object per bucket holds one graph.
+        """
+        if not self.compiled:
+            return self.eager_pass(*args)
+        key = bucket_key(args)
+        if key not in self._graphs:
+            name = f"{type(self).__name__}_{len(self._graphs)}"
+            self._graphs[key] = torch.compile(fresh_method(self, type(self).eager_pass, name), fullgraph=True,
+                                              dynamic=False, mode=self.mode, backend=self.backend)
+        return self._graphs[key](*args)
 
     def __deepcopy__(self, memo) -> "DenoisePass":
         """A copy of the model gets its own pass over its own weights (compiled afresh on first use)."""
@@ -130,6 +145,24 @@ class RowDenoisePass(DenoisePass):
             for t in (*cache.keys, *cache.values, cache.lengths_t):
                 torch._dynamo.mark_static_address(t)
         return self._fn(canvas, tuple(cache.keys), tuple(cache.values), cache.lengths_t, soft, capacity)
+
+
+def bucket_key(args: tuple) -> tuple:
+    """What selects a graph: every tensor's shape, dtype and device (per-layer buffers: each one's), and the other
+    values (the capacity C', None for a missing padding vector)."""
+    def one(a):
+        if isinstance(a, torch.Tensor):
+            return (tuple(a.shape), a.dtype, a.device)
+        if isinstance(a, tuple):
+            return (len(a), *(one(t) for t in a))
+        return a
+    return tuple(one(a) for a in args)
+
+
+def fresh_method(obj, func: Callable, name: str) -> Callable:
+    """`func` bound to `obj`, over a new copy of its code object named `name` (dynamo caches graphs per code object)."""
+    code = func.__code__.replace(co_name=name, co_qualname=name)
+    return types.MethodType(types.FunctionType(code, func.__globals__, name, func.__defaults__, func.__closure__), obj)
 
 
 def row_bucket(rows: int, slots: int) -> int:

@@ -74,3 +74,27 @@ def test_mixed_scheduler_pass_syncs_at_most_once(monkeypatch):
     per_pass = [b - a for a, b in zip(marks, marks[1:])]
     assert len(per_pass) > 10
     assert max(per_pass) <= 1, (per_pass, debug.syncs[:5])
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_compiled_mixed_pass_syncs_at_most_once(monkeypatch, mode):
+    """A compiled mixed pass (passes.RowForward + RowDenoisePass): lengths live on the device (RowCache.lengths_t),
+    the encoder rows' bookkeeping is copied asynchronously, so a pass reads the device once (the stop flags)."""
+    from diffusiongemma.generation.pool import RowPool
+
+    model = tiny_model().to("cuda")
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    ids = torch.randint(3, 128, (4, 6), generator=torch.Generator().manual_seed(0)).cuda()
+    kw = dict(sampling="fast", seed=3, batching="mixed", max_new_tokens=48, max_denoising_steps=10, pad_token_id=0,
+              stability_threshold=0, confidence_threshold=0.8, max_batch_size=3, compile={"mode": mode})
+    model.generate(ids, **kw)  # warm-up: compiles the row buckets (kernels, pinned host buffers)
+    model.generate(ids, **kw)
+    marks = []
+    inner = RowPool.step
+    with SyncDebug("warn") as debug:
+        monkeypatch.setattr(RowPool, "step", lambda pool: marks.append(len(debug.syncs)) or inner(pool))
+        model.generate(ids, **kw)
+    per_pass = [b - a for a, b in zip(marks, marks[1:])]
+    assert len(per_pass) > 10
+    assert max(per_pass) <= 1, (per_pass, debug.syncs[:5])

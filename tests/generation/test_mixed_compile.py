@@ -10,6 +10,7 @@ from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 
 from conftest import tiny_model
+from diffusiongemma import BlockRefinementSamplerConfig, DiscreteDDIMSamplerConfig
 from diffusiongemma.modeling.compile import RowDenoisePass, row_bucket
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -93,3 +94,49 @@ def test_compile_with_batch_invariant_is_refused(model):
     with pytest.raises(ValueError, match="batch_invariant=True .* cannot run with compile: "):
         model.generate(ids, attention_mask=mask, seed=1, batch_invariant=True, compile={"backend": "eager"},
                        **dict(KW, batching=None))
+
+
+class PassCopies:
+    """Per `RowPool.step`: host syncs (tests/sync_count.py) and blocking host-to-device copies, i.e. tensors built
+    from host values straight onto a device (`torch.tensor(..., device=...)`, `torch.as_tensor(..., device=...)`:
+    a pageable copy the host waits for on CUDA; `modeling.host.device_tensor` is the asynchronous way)."""
+
+    def __init__(self, monkeypatch):
+        from diffusiongemma.generation.pool import RowPool
+        from sync_count import count_host_syncs
+
+        self.syncs, self.copies, self.passes = [], [], 0
+        copies = [0]
+        for name in ("tensor", "as_tensor"):
+            real = getattr(torch, name)
+
+            def counted(*args, real=real, **kwargs):
+                copies[0] += kwargs.get("device") is not None
+                return real(*args, **kwargs)
+
+            monkeypatch.setattr(torch, name, counted)
+        inner = RowPool.step
+
+        def step(pool):
+            copies[0] = 0
+            with count_host_syncs() as syncs:
+                events = inner(pool)
+            self.syncs.append(syncs.total)
+            self.copies.append(copies[0])
+            return events
+
+        monkeypatch.setattr(RowPool, "step", step)
+
+
+@pytest.mark.parametrize("sampler", [dict(), dict(sampler_config=BlockRefinementSamplerConfig(), stability_threshold=1),
+                                     dict(sampler_config=DiscreteDDIMSamplerConfig(), stability_threshold=1)],
+                         ids=["entropy-bound", "block-refinement", "discrete-ddim"])
+def test_a_compiled_mixed_pass_reads_the_device_once_and_copies_asynchronously(model, monkeypatch, sampler):
+    ids, mask = batch([6, 3, 9, 12], 5)
+    watch = PassCopies(monkeypatch)
+    model.generate(ids, attention_mask=mask, seed=4, max_batch_size=3, compile={"backend": "eager"},
+                   **dict(KW, **sampler))
+    assert len(watch.syncs) > 10
+    if not sampler:  # the commit samplers' CPU-only exact multinomial reads the host on CPU (never on CUDA)
+        assert max(watch.syncs) <= 1, watch.syncs  # the stop/EOS/fault flags of the rows that sampled
+    assert max(watch.copies) == 0, watch.copies  # e.g. the temperatures of rows at different steps

@@ -105,3 +105,21 @@ def test_a_pass_past_the_capacity_bucket_is_refused():
     forward([row(PREFILL, torch.arange(3, 23))])  # 20 committed slots
     with pytest.raises(ValueError, match="needs 36 cache slots, the capacity bucket holds 32"):
         forward([row(DENOISE, torch.arange(3, 3 + L))])
+
+
+@torch.no_grad()
+def test_row_pass_with_inductor_matches_the_eager_row_pass():
+    model = tiny_model()
+    g = torch.Generator().manual_seed(1)
+    outs = []
+    for denoise_pass in (RowDenoisePass(model, backend="inductor"), RowDenoisePass(model, compile=False)):
+        cache = RowCache(model.get_decoder().shapes, batch=2, capacity=64)
+        forward = RowForward(model, cache, denoise_pass=denoise_pass, capacity=32)
+        g.manual_seed(1)
+        ids = lambda n: torch.randint(3, 128, (n,), generator=g)  # noqa: E731
+        forward([row(PREFILL, ids(5)), row(PREFILL, ids(11))])
+        canvases = [ids(L), ids(L)]
+        first = forward([row(DENOISE, canvases[0]), row(PREFILL, ids(3))]).logits  # R = 2, one row denoising
+        outs.append([first, forward([row(DENOISE, canvases[0]), row(DENOISE, canvases[1])]).logits])
+    for compiled, eager in zip(*outs):
+        torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=1e-4)
