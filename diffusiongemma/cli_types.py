@@ -2,6 +2,7 @@
 no subpackage CLI imports the top-level `cli`."""
 
 import argparse
+import math
 
 
 def dtype_arg(name: str):
@@ -24,6 +25,29 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def bounded_float(low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False):
+    """argparse type: a finite number between `low` and `high` (open ends excluded), e.g. `bounded_float(0)` for
+    >= 0 and `bounded_float(0, low_open=True)` for > 0. inf and nan are always refused."""
+    if high == math.inf:
+        wanted = f"{'>' if low_open else '>='} {low:g}"
+    else:
+        wanted = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a finite number {wanted}, got {text!r}") from None
+        above = value > low if low_open else value >= low
+        below = value < high if high_open else value <= high
+        if not (math.isfinite(value) and above and below):
+            raise argparse.ArgumentTypeError(f"must be a finite number {wanted}, got {text}")
+        return value
+
+    parse.__name__ = f"number {wanted}"
+    return parse
 
 
 def bounded_int(low: int, high: int, what: str):

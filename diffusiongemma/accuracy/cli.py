@@ -11,41 +11,16 @@ import json
 import sys
 from pathlib import Path
 
-from ..cli_types import seed_arg, steps_arg
+from ..cli_types import bounded_float, seed_arg, steps_arg
+
+_fraction = bounded_float(0, 1)
+_non_negative = bounded_float(0)
 
 
 def _positive_int(text: str) -> int:
     from ..cli_types import positive_int
 
     return positive_int(text)
-
-
-def _fraction(text: str) -> float:
-    """argparse type for --min-top1: a number in [0, 1] (NaN would pass every comparison)."""
-    import argparse
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
-    if not math.isfinite(value) or not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    """argparse type for --max-kl: a finite number >= 0."""
-    import argparse
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
 
 
 def _load(args):

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..cli_types import bounded_float
 from .engine_client import REQUEST_TIMEOUT_S, Answer, EngineError, check_base_url, declared_window, engine_answers
 from .engine_logprobs import compare_reported, ids_of_tokens
 from .engine_table import format_engine_table
@@ -66,30 +67,8 @@ class AnswerScore:
     token_logprobs: list[float] = field(default_factory=list, repr=False)  # per scored token (not in the JSON)
 
 
-def _positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
-
-
-def _probability(text: str) -> float:
-    """argparse type for --power: a number strictly between 0.5 and 1."""
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0.5, 1), got {text!r}") from None
-    if not 0.5 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0.5, 1), got {text!r}")
-    return value
+_positive_float = bounded_float(0, low_open=True)
+_probability = bounded_float(0.5, 1, high_open=True)  # --power
 
 
 def add_engine_arguments(p) -> None:

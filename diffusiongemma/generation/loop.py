@@ -150,7 +150,10 @@ def generate(
             committed it; `observers.RoundStreamer`).
         logits_processor / stopping_criteria: extra processors (applied before the temperature schedule, on 3-D
             scores) and extra criteria (called after every canvas with `new_token_length=L`).
-        past_key_values: a `BlockDiffusionCache` holding an earlier prefix; `input_ids` continue it. Lock-step only.
+        past_key_values: a `BlockDiffusionCache` holding an earlier prefix; `input_ids` continue it. Lock-step
+            continues it in place and returns it; mixed batching (explicit `batching="mixed"` or `batch_invariant`)
+            copies each row's committed slots into its own row cache and returns no cache, and refuses a cache that
+            holds left padding (generation/options.py, `refuse_padded_prefix`).
         sampling: which registered sampler of the `sampler_config` runs (None: its default; for
             `EntropyBoundSamplerConfig` "reference"). "reference" draws random numbers exactly like transformers'
             built-in `generate` (global RNG);
@@ -164,7 +167,7 @@ def generate(
         batching: fast mode only. "mixed" (the default for fast mode with more than one row): rows progress
             independently; a converged canvas commits at once while other rows keep denoising, finished rows leave
             the batch, left padding is stripped, and each row's output equals running it alone. "lockstep": all rows
-            commit together (the only choice in reference mode, with a streamer or with `past_key_values`).
+            commit together (the only choice in reference mode; the default with a streamer or `past_key_values`).
         max_batch_size: fast mode only: at most this many rows per forward. "mixed" refills a freed slot with the
             next waiting prompt; "lockstep" admits the batch in consecutive slices of this many rows, each a
             lock-step batch (refused with a streamer, `past_key_values` or `return_trace`, which slices cannot
@@ -180,7 +183,7 @@ def generate(
             of its solo run), so a seeded row's logits and tokens are bit-identical to running it alone with
             `batch_invariant=True`, whatever else shares the batch (prompt lengths, padding, `max_batch_size`).
             Implies batching="mixed" (also for one row); refuses lock-step batching, `compile`,
-            `past_key_values`, samplers drawing from the global RNG, and image prompts in a batch
+            samplers drawing from the global RNG, and image prompts in a batch
             of several rows (the vision tower encodes them together). Costs throughput: see docs/generation.md.
         return_trace: also return `out.trace`, a `diffusiongemma.accuracy.Trace` of every canvas and step (input
             canvas, self-conditioning top-k, argmax, entropy, accepted mask, temperature, stop decision, committed

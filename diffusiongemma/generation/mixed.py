@@ -11,9 +11,12 @@ Legend: N rows in the request batch, P prompt, L canvas length, H hidden, c comm
 
 import torch
 
+from ..modeling.cache import BlockDiffusionCache
 from ..modeling.compile import capacity_bucket
 from ..modeling.vision import PromptImages
 from .engine import Plan
+from .invariant import PerRowCaches
+from .options import refuse_padded_prefix
 from .observers import RoundStreamer, wants_drafts
 from .outputs import generation_output
 from .pool import Row, RowPool
@@ -43,8 +46,8 @@ def user_criteria_policy(user_criteria, L: int):
 def run_mixed(model, plan: Plan, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, generators: list,
               num_canvases: int, eos_ids, pad_token_id, max_batch_size: int, user_criteria=None,
               first_canvas=None, first_soft=None, images: PromptImages | None = None, batch_invariant: bool = False,
-              observers=(), draft: bool = False, compile: dict | None = None, record: bool = False
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              observers=(), draft: bool = False, compile: dict | None = None, record: bool = False,
+              prefix: BlockDiffusionCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """input_ids [N, P] (left-padded, `attention_mask` [N, P]) -> (sequences [N, P + c*L] with each row's original
     prompt, its canvases and padding after it finished; denoising passes per row [N] int32).
 
@@ -53,6 +56,8 @@ def run_mixed(model, plan: Plan, input_ids: torch.Tensor, attention_mask: torch.
     observers: called with every pass's `PassEvents` (observers.py); draft: every row reports its drafts.
     compile: the `compiled_denoise_pass` options: denoising passes run compiled per row bucket (`passes.RowForward`).
     record: the events carry every engine call's `PassRecord` (a trace recorder observes them).
+    prefix: a `past_key_values` without left padding: each row starts from its row of the committed slots [0, S)
+    (copied into its own row cache; `prefix` itself is not changed) and `input_ids` continue it.
 
     Raises:
         NonFiniteLogitsError: some row's logits held NaN/Inf (the first such row, by its place in the batch).
@@ -63,9 +68,10 @@ def run_mixed(model, plan: Plan, input_ids: torch.Tensor, attention_mask: torch.
         raise ValueError("`attention_mask` marks every token of some row as padding; each row needs a prompt")
     longest = max(len(p) for p in prompts)
     slots = min(max_batch_size, len(prompts))
-    # room per row: its prompt and canvases, plus padding queries of a pass as long as the longest prompt; compiled,
-    # both rounded to capacity buckets, so calls with other prompt lengths or budgets mostly share graphs
-    needed, padding_room = longest + num_canvases * L, max(longest, L)
+    S = prefix.length if prefix is not None else 0
+    # room per row: its prefix, prompt and canvases, plus padding queries of a pass as long as the longest prompt;
+    # compiled, both rounded to capacity buckets, so calls with other prompt lengths or budgets mostly share graphs
+    needed, padding_room = S + longest + num_canvases * L, max(longest, L)
     if compile is not None:
         needed, padding_room = capacity_bucket(needed, L), capacity_bucket(padding_room, L)
     pool = RowPool(model, slots, needed + padding_room, input_ids.device,
@@ -76,13 +82,15 @@ def run_mixed(model, plan: Plan, input_ids: torch.Tensor, attention_mask: torch.
         pad_token_id=pad_token_id, first_canvas=first_canvas[i] if first_canvas is not None else None,
         first_soft=first_soft[i] if first_soft is not None else None,
         images=images.row(i, None if attention_mask is None else attention_mask[i]) if images is not None else None,
-        draft=draft,
+        draft=draft, offset=S + len(p),
     ) for i, p in enumerate(prompts)]
     waiting.reverse()  # pop() takes the first request
     done: list[Row] = []
     while waiting or len(pool):
         while waiting and pool.free:
             pool.admit(waiting.pop())
+            if prefix is not None:
+                seed_slot(pool.cache, len(pool) - 1, prefix, pool.active[-1].index)
         events = pool.step()
         for observe in observers:
             observe(events)
@@ -93,6 +101,14 @@ def run_mixed(model, plan: Plan, input_ids: torch.Tensor, attention_mask: torch.
     fill = pad_token_id if pad_token_id is not None else 0
     sequences = assemble(done, input_ids, L, fill)
     return sequences, torch.tensor([r.passes for r in done], dtype=torch.int32, device=input_ids.device)
+
+
+def seed_slot(cache, slot: int, prefix: BlockDiffusionCache, b: int) -> None:
+    """Pool slot `slot` starts from row b of the shared cache's committed slots [0, S) (its K/V [K, S, D] per
+    layer). Without left padding, row b's token t sits at slot t and position t in both caches."""
+    S = prefix.length
+    target, row = (cache.row(slot), 0) if isinstance(cache, PerRowCaches) else (cache, slot)
+    target.seed(row, [k[b, :, :S] for k in prefix.keys], [v[b, :, :S] for v in prefix.values])
 
 
 def assemble(rows: list[Row], input_ids: torch.Tensor, canvas_length: int, fill: int) -> torch.Tensor:
@@ -121,6 +137,16 @@ def generate_mixed(model, run: GenerationRun, plan, batch_invariant: bool = Fals
         first_soft = (torch.cat([stack.soft_embedding(sc_logits[b : b + 1], round_to=dtype)
                                  for b in range(sc_logits.shape[0])])
                       if batch_invariant else stack.soft_embedding(sc_logits, round_to=dtype))
+    attention_mask, prefix = run.attention_mask, run.past_key_values
+    if prefix is not None and prefix.length == 0:  # an empty cache: nothing to continue
+        prefix = None
+    if prefix is not None and prefix.keys[0].shape[0] != run.input_ids.shape[0]:
+        raise ValueError(f"`past_key_values` holds {prefix.keys[0].shape[0]} rows, `input_ids` "
+                         f"{run.input_ids.shape[0]}: a cache continues the batch it was built for")
+    if prefix is not None and attention_mask is not None:  # [B, S + P]: the prefix's part must hold no padding
+        if not bool(attention_mask[:, : prefix.length].all()):
+            refuse_padded_prefix(run.options.mode)
+        attention_mask = attention_mask[:, prefix.length :]  # [B, P]
     observers = []
     if streamer is not None:
         pad = config.pad_token_id
@@ -132,10 +158,10 @@ def generate_mixed(model, run: GenerationRun, plan, batch_invariant: bool = Fals
         recorder = trace_recorder(model, run)  # accuracy's recorder (recording.py: generation never imports it)
         observers.append(recorder.observe)
     sequences, passes = run_mixed(
-        model, plan, run.input_ids, run.attention_mask, run.generators, run.num_canvases, run.eos_ids,
+        model, plan, run.input_ids, attention_mask, run.generators, run.num_canvases, run.eos_ids,
         config.pad_token_id, run.max_batch_size or run.input_ids.shape[0], run.user_criteria,
         run.decoder_input_ids, first_soft, run.images, batch_invariant, observers, wants_drafts(streamer),
-        run.options.compile, record=recorder is not None,
+        run.options.compile, record=recorder is not None, prefix=prefix,
     )
     if streamer is not None:
         streamer.end()

@@ -27,9 +27,7 @@ CAPABILITIES: dict[str, dict[str, str]] = {
     },
     "past_key_values": {
         "slices": "one cache cannot continue several slices",
-        "mixed": "the pool's per-row caches cannot continue a shared `BlockDiffusionCache`",
-        "invariant": "the pool's per-row caches cannot continue a shared `BlockDiffusionCache`",
-    },
+    },  # mixed: each row's cache starts from its row of the shared one, unless that holds padding (below)
     "return_trace": {
         "slices": "a trace records one batch, and the slices are several",
     },
@@ -53,6 +51,17 @@ FIXES = {
     "compile": "drop batch_invariant=True, or pass compile=False",
     "a global-RNG sampler": "these need sampling='fast' or another sampler that draws per row",
 }
+
+
+PADDED_PREFIX = ("the shared cache holds left padding, and a padded row's cached keys sit at positions shifted by its "
+                 "padding (spec C.10), while a mixed row is its own sequence from position 0, without padding: its "
+                 "continuation would read its prefix at the wrong distances")
+
+
+def refuse_padded_prefix(mode: str) -> None:
+    """The one refusal that depends on the data, not the mode alone: `past_key_values` whose prefix is left-padded
+    (its `attention_mask` part holds a 0), in the table's message style."""
+    raise ValueError(f"{MODE_NAMES[mode]} cannot run with past_key_values: {PADDED_PREFIX} (pass batching='lockstep')")
 
 
 def fix_for(feature: str, mode: str) -> str:

@@ -279,6 +279,19 @@ class RowCache:
         self.lengths[row] = 0
         self._lengths_changed()
 
+    def seed(self, row: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Give a freed row a committed prefix: per layer keys/values [K, S, D] (one row of another cache's
+        committed slots, without padding) at slots [0, S); S_b = S."""
+        S = keys[0].shape[1]
+        if S > self.capacity:
+            raise ValueError(f"a prefix of {S} slots does not fit the cache's {self.capacity}")
+        for layer, (k, v) in enumerate(zip(keys, values)):
+            buf_k, buf_v = self._buffers(layer, k[None])
+            buf_k[row, :, :S] = k
+            buf_v[row, :, :S] = v
+        self.lengths[row] = S
+        self._lengths_changed()
+
     def _lengths_changed(self) -> None:
         """Copy the host lengths into `lengths_t`, in place (a captured graph keeps reading the same storage) and
         asynchronously (no host sync)."""

@@ -3,29 +3,10 @@
 Plugged into the `train` command by `add_sft_command(recipes)`; this module never imports the top-level cli.
 """
 
-from ..cli_types import positive_int
+from ..cli_types import bounded_float, positive_int
 
-
-def _positive_float(text: str) -> float:
-    """A finite number > 0 (`inf` and `nan` are refused: they train a NaN model)."""
-    import argparse
-    import math
-
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    """A finite number >= 0."""
-    import argparse
-    import math
-
-    value = float(text)
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
+_positive_float = bounded_float(0, low_open=True)  # inf and nan train a NaN model
+_non_negative_float = bounded_float(0)
 
 
 def add_sft_command(recipes) -> None:

@@ -140,8 +140,13 @@ def test_bad_batching_arguments(model):
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="`max_batch_size` must be a positive int"):
             model.generate(ids, sampling="fast", max_batch_size=bad, **KW)
-    with pytest.raises(ValueError, match="past_key_values"):
-        model.generate(ids, sampling="fast", batching="mixed", past_key_values=model.new_cache(), **KW)
+    # an empty cache continues nothing (mixed continues a real one: test_mixed_continues_past_key_values_...)
+    plain = model.generate(ids, sampling="fast", seed=0, batching="mixed", **KW).sequences
+    empty = model.generate(ids, sampling="fast", seed=0, batching="mixed", past_key_values=model.new_cache(), **KW)
+    assert torch.equal(empty.sequences, plain)
+    cache = model.generate(prompts(3), sampling="fast", seed=0, batching="lockstep", **KW).past_key_values
+    with pytest.raises(ValueError, match=r"`past_key_values` holds 3 rows, `input_ids` 2"):
+        model.generate(ids, sampling="fast", batching="mixed", past_key_values=cache, **KW)
     with pytest.raises(ValueError, match=r"marks every token of batch rows \[1\] as padding"):
         model.generate(ids, attention_mask=torch.tensor([[1] * 6, [0] * 6]), sampling="fast", **KW)
 
@@ -244,3 +249,41 @@ def test_mixed_draft_streaming_shows_each_rows_own_steps(model):
         column = column[1:] if waited else column
         steps = collapse([a.long() for a in trace.tensors["argmax"][trace.tensors["row_index"] == b][:, 0]])
         assert len(column) == len(steps) and all(torch.equal(x, y) for x, y in zip(column, steps))
+
+
+def test_mixed_continues_past_key_values_as_lockstep_does(model):
+    """`past_key_values` from a lock-step call (no padding): each mixed row's cache starts from its row of the shared
+    cache, so the continuation equals lock-step's (rows arriving through 2 slots, batch-invariant, compiled), and the
+    shared cache is only read."""
+    import copy
+
+    first = model.generate(prompts(3), sampling="fast", seed=1, batching="lockstep", return_dict_in_generate=True,
+                           max_new_tokens=32, max_denoising_steps=10, pad_token_id=0)
+    cache = first.past_key_values
+    before = [k[:, :, : cache.length].clone() for k in cache.keys]
+    more, kw = prompts(3, length=4, seed=1), dict(KW, eos_token_id=7)
+    lock = model.generate(more, past_key_values=copy.deepcopy(cache), sampling="fast", seed=5, batching="lockstep",
+                          **kw).sequences
+    alone = model.generate(more, sampling="fast", seed=5, batching="mixed", **kw).sequences
+    assert not torch.equal(lock, alone)  # the prefix matters
+    for extra in (dict(), dict(max_batch_size=2), dict(batch_invariant=True),
+                  dict(max_batch_size=1, compile={"backend": "eager"})):
+        out = model.generate(more, past_key_values=cache, sampling="fast", seed=5, batching="mixed", **kw, **extra)
+        assert torch.equal(out.sequences, lock), extra
+        assert out.past_key_values is None  # mixed returns no cache
+    assert cache.length == first.sequences.shape[1] - 16 and all(
+        torch.equal(k[:, :, : cache.length], b) for k, b in zip(cache.keys, before))
+
+
+def test_mixed_refuses_a_padded_prefix_saying_why(model):
+    ids = prompts(2)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    first = model.generate(ids, attention_mask=mask, sampling="fast", seed=1, batching="lockstep",
+                           return_dict_in_generate=True, max_new_tokens=16, max_denoising_steps=4)
+    more = prompts(2, length=3, seed=1)
+    full_mask = torch.cat([mask, torch.ones(2, first.past_key_values.length - 6 + 3, dtype=mask.dtype)], dim=1)
+    with pytest.raises(ValueError, match=r"batching='mixed' cannot run with past_key_values: the shared cache holds "
+                                         r"left padding.*\(pass batching='lockstep'\)"):
+        model.generate(more, attention_mask=full_mask, past_key_values=first.past_key_values, sampling="fast",
+                       seed=0, batching="mixed", max_new_tokens=16, max_denoising_steps=4)
