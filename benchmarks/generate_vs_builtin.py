@@ -10,6 +10,7 @@ with its own generator, so only speed is compared.
     python benchmarks/generate_vs_builtin.py                          # everything (slow on 2 cores)
     python benchmarks/generate_vs_builtin.py --vocab 32768 --batch 1 --mode reference fast --repeats 3
     python benchmarks/generate_vs_builtin.py --vocab 32768 --batch 1 --mode fast fast-compiled --repeats 3
+    python benchmarks/generate_vs_builtin.py --vocab 32768 --batch 4 --mode fast-compiled fast-mixed-compiled
 """
 
 import argparse
@@ -62,6 +63,14 @@ def load_pair(vocab_size: int, canvas_length: int, folder: str):
     return builtin, ours
 
 
+MODES = {  # --mode -> our generate's arguments
+    "reference": {"sampling": "reference"},
+    "fast": {"sampling": "fast"},
+    "fast-compiled": {"sampling": "fast", "compile": True, "batching": "lockstep"},
+    "fast-mixed-compiled": {"sampling": "fast", "compile": True, "batching": "mixed"},
+}
+
+
 def _status_kb(field: str) -> int:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field))
@@ -74,7 +83,7 @@ def _peak_child(impl: str, folder: str, mode: str, batch: int, kw: dict, threads
     model = cls.from_pretrained(folder).eval()
     V = model.config.text_config.vocab_size
     ids = torch.randint(3, V, (batch, kw.pop("prompt")))
-    extra = {} if impl == "builtin" else {"sampling": mode}
+    extra = {} if impl == "builtin" else MODES[mode]
     before = _status_kb("VmRSS:")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak-RSS counter (VmHWM) to the current RSS
@@ -106,8 +115,10 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, nargs="+", default=[32768, 262144])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--mode", nargs="+", default=["reference", "fast"],
-                        choices=["reference", "fast", "fast-compiled"],
-                        help="fast-compiled: fast sampling with generate(compile=True), lock-step (the warm-up compiles)")
+                        choices=list(MODES),
+                        help="fast-compiled: fast sampling with generate(compile=True), lock-step; fast-mixed-compiled: "
+                        "the same with mixed batching (the warm-up compiles; mixed compiles one graph per row "
+                        "bucket)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per implementation (after one warm-up)")
     parser.add_argument("--canvas", type=int, default=256)
     parser.add_argument("--steps", type=int, default=16)
@@ -124,7 +135,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}, "
           f"{platform.machine()} {platform.processor() or ''}, threads {torch.get_num_threads()}")
     print(f"canvas {args.canvas}, {args.steps} denoising steps, prompt {args.prompt}, new tokens {args.new_tokens}")
-    print(f"{'vocab':>7} {'batch':>5} {'mode':>9} {'builtin s':>10} {'ours s':>8} {'ratio':>6}  same"
+    print(f"{'vocab':>7} {'batch':>5} {'mode':>19} {'builtin s':>10} {'ours s':>8} {'ratio':>6}  same"
           + ("  peak MB builtin / ours (budget 2.5*B*L*V*4 bytes; includes ~150 MB of runtime buffers)"
              if args.memory else ""))
     for V in args.vocab:
@@ -136,12 +147,10 @@ def main() -> None:
                 kw = dict(max_new_tokens=args.new_tokens, max_denoising_steps=args.steps)
                 for mode in args.mode:
                     run_builtin = lambda: (torch.manual_seed(7), builtin.generate(ids, **kw))[1].sequences
-                    extra = {"batching": args.batching} if mode == "fast" and args.batching else {}
-                    if mode == "fast-compiled":
-                        extra = {"compile": True, "batching": "lockstep"}
-                    sampling = "fast" if mode == "fast-compiled" else mode
-                    run_ours = lambda: (torch.manual_seed(7),
-                                        ours.generate(ids, sampling=sampling, **kw, **extra))[1].sequences
+                    extra = dict(MODES[mode])
+                    if mode == "fast" and args.batching:
+                        extra["batching"] = args.batching
+                    run_ours = lambda: (torch.manual_seed(7), ours.generate(ids, **kw, **extra))[1].sequences
                     for _ in range(args.warmup):
                         run_builtin(), run_ours()
                     tb, to, same = [], [], True
@@ -161,7 +170,7 @@ def main() -> None:
                         ours_mb = peak_generate_mb('ours', folder, mode, B, mkw, args.threads)
                         memory = (f"  {peak_generate_mb('builtin', folder, mode, B, mkw, args.threads):.0f} / "
                                   f"{ours_mb:.0f} (budget {budget:.0f})")
-                    print(f"{V:>7} {B:>5} {mode:>9} {mb:>10.3f} {mo:>8.3f} {mb / mo:>6.2f}  "
+                    print(f"{V:>7} {B:>5} {mode:>19} {mb:>10.3f} {mo:>8.3f} {mb / mo:>6.2f}  "
                           f"{'yes' if same else 'n/a' if mode != 'reference' else 'NO':>4}{memory}", flush=True)
             del builtin, ours
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One GPU check for a freshly lent machine: every CUDA-only test (`pytest -m cuda`, tests/cuda/), the 26B-shape
-# benchmark and the CUDA-graph denoising pass against eager (cuda_graph_pass.py), in under 8 minutes on one GPU, ending with ONE summary table (group, result, time; benchmark numbers).
+# benchmark, the CUDA-graph denoising pass against eager (cuda_graph_pass.py) and the server under load with and
+# without --compile (and --compile-mode reduce-overhead; serve_load.py on the Sudoku demo model), in under 10 minutes
+# on one GPU, ending with ONE summary table (group, result, time; benchmark numbers).
 #
 #   bash benchmarks/gpu_check.sh --dry-run        # list the steps and their time limits; runs nothing (any machine)
 #   bash benchmarks/gpu_check.sh --fetch-wheels   # on a machine with a package registry: fill wheels/ (see below)
@@ -46,7 +48,7 @@ while [[ $# -gt 0 ]]; do
         --wheels) WHEELS="$(cd "$2" && pwd)"; shift ;;
         --venv) VENV="$2"; shift ;;
         --out) LOGS="$2"; shift ;;
-        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
         *) echo "gpu_check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -63,9 +65,10 @@ if [[ $MODE == fetch ]]; then
 fi
 
 # ---- the steps: name, time limit (s), command (run with bash -c in the repo root) --------------------------------
-# Limits add up to 470 s, inside the 8-minute budget (the tests' time goes mostly to three torch.compile runs).
-STEP_NAMES=(env gpu cuda-tests benchmark cuda-graph)
-STEP_LIMITS=(60 15 240 105 50)
+# Limits add up to 600 s, the 10-minute budget (the tests' time goes mostly to four torch.compile runs; the server
+# step, last, compiles the demo model's row buckets 1, 2, 4 in two modes).
+STEP_NAMES=(env gpu cuda-tests benchmark cuda-graph serve)
+STEP_LIMITS=(60 15 240 105 50 130)
 STEP_COMMANDS=(
     "rm -rf '$VENV' && $PY -m venv --system-site-packages --without-pip '$VENV' \
 && $PY -c 'import site; print(*site.getsitepackages(), sep=chr(10))' \
@@ -84,6 +87,8 @@ print(torch.cuda.get_device_name(), torch.cuda.get_device_capability())'"
 --junitxml='$LOGS/junit.xml' \$('$VENV/bin/python' -c 'import pytest_timeout' 2>/dev/null && echo --timeout=150)"
     "'$VENV/bin/python' benchmarks/gpu_26b_shapes.py $BENCH_ARGS"
     "'$VENV/bin/python' benchmarks/cuda_graph_pass.py"
+    "'$VENV/bin/python' benchmarks/serve_load.py --device cuda --modes default compile compile-reduce-overhead \
+--levels 1 4 --requests 8 --max-batch-size 4 --timeout 100"
 )
 
 if [[ $MODE == dry ]]; then
@@ -145,6 +150,16 @@ for name, result, seconds in rows:
             m = re.match(r"(decoder pass|generate|bytes per pass|peak memory|cuda graph pass)\b(.*)", line.strip())
             if m:
                 table.append(("  " + m.group(1), m.group(2).lstrip(" :"), ""))
+    if name == "serve" and os.path.exists(os.path.join(logs, name + ".log")):
+        for line in open(os.path.join(logs, name + ".log")):
+            m = re.match(r"\| (default|compile\S*) \| (\d+) \| ([\d.]+) \| (\d+) \|.*\| ([\d./-]+) \| \d+/\d+ \|$",
+                         line.strip())
+            w = re.match(r"serve load (\S+): warm-up (\S+ s)", line.strip())
+            if m:
+                table.append((f"  {m.group(1)}, {m.group(2)} clients",
+                              f"{m.group(3)} req/s, {m.group(4)} tok/s, full response p50/p90/p99 {m.group(5)} s", ""))
+            elif w:
+                table.append((f"  {w.group(1)} warm-up", w.group(2), ""))
 width = [max(len(r[i]) for r in table) for i in range(3)]
 print()
 for i, r in enumerate(table):

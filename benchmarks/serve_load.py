@@ -8,10 +8,17 @@ speed-up over C = 1), latency percentiles (p50 / p90 / p99) and the solve rate (
 then versions and hardware.
 
     python benchmarks/serve_load.py [--levels 1 4 16] [--requests 32] [--givens 36] [--max-batch-size 16]
-                                    [--threads N] [--timeout 600] [--batch-invariant]
+                                    [--threads N] [--timeout 600] [--device cpu] [--dtype float32]
+                                    [--modes default batch-invariant compile compile-reduce-overhead]
+                                    [--batch-invariant] [--compile]
 
---batch-invariant serves with `diffusiongemma serve --batch-invariant` (every request alone inside each pass); run
-the script with and without it to compare the modes.
+--modes runs one server per mode, one after another, and prints one table (a `mode` column) to compare them:
+"batch-invariant" serves with `diffusiongemma serve --batch-invariant` (every request alone inside each pass),
+"compile" with `--compile` (compiled row passes), "compile-reduce-overhead" with `--compile-mode reduce-overhead`
+(CUDA graphs; CUDA only). A compiled server's warm-up also runs w clients at once for every row bucket w up to the
+largest level (at most --max-batch-size), so the buckets compile before the measurement; each mode's warm-up time
+is printed.
+--batch-invariant is short for `--modes batch-invariant`, --compile for `--modes default compile`.
 """
 
 import argparse
@@ -26,6 +33,7 @@ import openai
 import torch
 import transformers
 
+from diffusiongemma.modeling.compile import row_bucket
 from diffusiongemma.serving.app import BackgroundServer, ServeOptions, build_app
 from diffusiongemma.sudoku.demo import fresh_puzzles
 from diffusiongemma.sudoku.puzzles import is_solved
@@ -84,6 +92,41 @@ def run_level(client, model: str, prompts: list[tuple[str, str]], clients: int) 
     return {"wall": wall, "results": results}
 
 
+MODES = {  # mode -> the ServeOptions it changes (`diffusiongemma serve` flags in the comments)
+    "default": {},
+    "batch-invariant": {"batch_invariant": True},  # --batch-invariant
+    "compile": {"compile": True},  # --compile
+    "compile-reduce-overhead": {"compile": {"mode": "reduce-overhead"}},  # --compile-mode reduce-overhead (CUDA)
+}
+
+
+def serve_mode(args, mode: str, prompts_of) -> tuple[float, list]:
+    """Start a server in `mode`, warm it up, run every level; (warm-up seconds, [(clients, wall, results)])."""
+    served = build_app(ServeOptions(model=args.model, device=args.device, dtype=args.dtype, max_model_len=256,
+                                    max_batch_size=args.max_batch_size, max_queue=max(args.levels) * 2,
+                                    **MODES[mode]))
+    server = BackgroundServer(served.app).start()
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=args.timeout, max_retries=0)
+    prompts = prompts_of(served.tokenizer)
+    try:
+        start = time.perf_counter()
+        run_level(client, args.model, prompts[:2], 2)
+        if MODES[mode].get("compile"):  # every row bucket up to the largest level compiles here, not while measured:
+            # w clients at once share passes of w rows (bucket w) as they start, fewer as they finish
+            width = min(max(args.levels), args.max_batch_size)
+            for w in sorted({row_bucket(n, args.max_batch_size) for n in range(1, width + 1)}):
+                run_level(client, args.model, prompts[:w], w)
+        warm = time.perf_counter() - start
+        rows = []
+        for clients in args.levels:
+            level = run_level(client, args.model, prompts, clients)
+            rows.append((clients, level["wall"], level["results"]))
+    finally:
+        server.stop()
+        served.state.shutdown()
+    return warm, rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16])
@@ -94,47 +137,43 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--timeout", type=float, default=600, help="per-request client timeout, seconds")
     parser.add_argument("--model", default=DEMO_MODEL)
-    parser.add_argument("--batch-invariant", action="store_true", help="serve in batch-invariant mode")
+    parser.add_argument("--device", default="cpu", help="torch device of the server (default cpu)")
+    parser.add_argument("--dtype", default="float32", help="model dtype (default float32)")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=None,
+                        help="server modes to run one after another, each its own server (default: default)")
+    parser.add_argument("--batch-invariant", action="store_true", help="shorthand for --modes batch-invariant")
+    parser.add_argument("--compile", action="store_true", help="shorthand for --modes default compile")
     args = parser.parse_args()
+    modes = args.modes or (["batch-invariant"] if args.batch_invariant else []) + (
+        ["default", "compile"] if args.compile else []) or ["default"]
     if args.threads:
         torch.set_num_threads(args.threads)
-    served = build_app(ServeOptions(model=args.model, device="cpu", dtype="float32", max_model_len=256,
-                                    max_batch_size=args.max_batch_size, max_queue=max(args.levels) * 2,
-                                    batch_invariant=args.batch_invariant))
-    server = BackgroundServer(served.app).start()
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=args.timeout, max_retries=0)
-    tokenizer = served.tokenizer
     puzzles = fresh_puzzles(args.requests, args.givens, seed=0)
-    prompts = [(p, tokenizer.decode(encode_puzzle(tokenizer, p))) for p in puzzles]
-    try:
-        run_level(client, args.model, prompts[:2], 2)  # warm-up
-        rows = []
-        for clients in args.levels:
-            level = run_level(client, args.model, prompts, clients)
-            rs = level["results"]
-            rows.append((clients, level["wall"], rs))
-    finally:
-        server.stop()
-        served.state.shutdown()
-    base_rate = None
-    print("| clients | req/s | tokens/s | vs 1 client | first draft p50/p90/p99 (s) | first commit p50/p90/p99 (s) "
-          "| full response p50/p90/p99 (s) | solved |")
-    print("|---|---|---|---|---|---|---|---|")
-    for clients, wall, rs in rows:
-        rate = len(rs) / wall
-        base_rate = base_rate or rate
-        tokens = sum(r["tokens"] for r in rs) / wall
+    prompts_of = lambda tokenizer: [(p, tokenizer.decode(encode_puzzle(tokenizer, p))) for p in puzzles]  # noqa: E731
+    runs = [(mode, *serve_mode(args, mode, prompts_of)) for mode in modes]
+    print("| mode | clients | req/s | tokens/s | vs 1 client | first draft p50/p90/p99 (s) "
+          "| first commit p50/p90/p99 (s) | full response p50/p90/p99 (s) | solved |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for mode, _, rows in runs:
+        base_rate = None
+        for clients, wall, rs in rows:
+            rate = len(rs) / wall
+            base_rate = base_rate or rate
+            tokens = sum(r["tokens"] for r in rs) / wall
 
-        def pct(key):
-            values = [r[key] for r in rs if r[key] is not None]
-            return "/".join(f"{percentile(values, q):.2f}" for q in (50, 90, 99)) if values else "-"
+            def pct(key):
+                values = [r[key] for r in rs if r[key] is not None]
+                return "/".join(f"{percentile(values, q):.2f}" for q in (50, 90, 99)) if values else "-"
 
-        solved = sum(r["solved"] for r in rs)
-        print(f"| {clients} | {rate:.2f} | {tokens:.0f} | {rate / base_rate:.2f}x | {pct('draft')} | {pct('commit')} "
-              f"| {pct('total')} | {solved}/{len(rs)} |")
+            solved = sum(r["solved"] for r in rs)
+            print(f"| {mode} | {clients} | {rate:.2f} | {tokens:.0f} | {rate / base_rate:.2f}x | {pct('draft')} "
+                  f"| {pct('commit')} | {pct('total')} | {solved}/{len(rs)} |")
+    for mode, warm, _ in runs:
+        print(f"serve load {mode}: warm-up {warm:.1f} s" + (" (includes compiling every row bucket)"
+                                                               if MODES[mode].get("compile") else ""))
     print(f"\n{args.requests} streaming /v1/completions requests per level (stream_drafts, max_tokens 82, one canvas),"
-          f" max_batch_size {args.max_batch_size}, puzzles with {args.givens} givens; model {args.model}; "
-          f"{'batch-invariant' if args.batch_invariant else 'default'} mode")
+          f" max_batch_size {args.max_batch_size}, puzzles with {args.givens} givens; model {args.model} on "
+          f"{args.device} ({args.dtype})")
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, openai {openai.__version__}, "
           f"python {sys.version.split()[0]}, {platform.machine()} {platform.processor() or platform.platform()}, "
           f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, one run per level")
