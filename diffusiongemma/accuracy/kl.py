@@ -27,6 +27,12 @@ QUANTILES = ("50", "90", "95", "99", "max")
 def positions_of(base, other, trace) -> dict[str, torch.Tensor]:
     """Per compared position (active rows of every record): kl, same_top1, dp, near_tie, and the sequence id (row)
     each belongs to. `trace` must hold `sc_embedding` (recorded with `trace_sc_embedding=True`)."""
+    if trace.is_mixed:  # each row as the one-row trace it is (accuracy/rows.py), named by its row
+        from .rows import recorded_rows
+
+        parts = [(b, positions_of(base, other, trace.row(b))) for b in recorded_rows(trace)]
+        return {k: torch.cat([p[k] if k != "row" else torch.full_like(p[k], b) for b, p in parts])
+                for k in parts[0][1]}
     t = trace.tensors
     device = next(base.parameters()).device
     prefixes = [PrefixEncoder(m, trace, device) for m in (base, other)]

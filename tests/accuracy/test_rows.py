@@ -204,3 +204,27 @@ def test_every_sampler_s_mixed_trace_passes_its_checks_and_replays_exactly(confi
         assert verdicts["acceptance"].status == "pass" and verdicts["acceptance"].checked > 0
     scores = replay(model, trace)
     assert {s.top1 for s in scores} == {1.0} and max(s.kl for s in scores) == 0.0
+
+
+def test_kl_positions_of_a_mixed_trace_row_by_row(model):
+    """`diffusiongemma kl` reads the base's trace; a mixed one (a per-row sampler, several prompts) is compared row
+    by row: the model against itself gives KL 0 at every position of every row."""
+    from diffusiongemma.accuracy.kl import positions_of
+
+    _, _, out = mixed_trace(model, trace_sc_embedding=True)
+    got = positions_of(model, model, out.trace)
+    assert set(got["row"].tolist()) == {0, 1, 2, 3}
+    assert len(got["kl"]) == L * len(out.trace.tensors["row_index"])
+    assert float(got["kl"].max()) < 1e-6 and bool(got["same_top1"].all())
+
+
+def test_a_compiled_mixed_trace_self_replays(model):
+    """compile=True runs mixed passes through the fixed-shape row pass; its trace is recorded the same way and
+    replays row by row (backend "eager": the graph capture without inductor's compile time)."""
+    ids, mask = padded_prompts()
+    kw = dict(KW, sampling="fast", seed=3, max_batch_size=2, return_trace=True, trace_top_k=V)
+    compiled = model.generate(ids, attention_mask=mask, compile={"backend": "eager"}, **kw)
+    eager = model.generate(ids, attention_mask=mask, **kw)
+    assert compiled.trace.is_mixed and torch.equal(compiled.sequences, eager.sequences)
+    scores = replay(model, compiled.trace)
+    assert {s.top1 for s in scores} == {1.0} and max(s.kl for s in scores) < 1e-5
