@@ -95,13 +95,14 @@ def format_table(summary: dict) -> str:
             lines.append(f"{s['canvas']:>6}{bad} {s['rows']:>4}  {_num(s['top1'], 12, 4)}  "
                          f"{_num(s['mean_entropy'], 12, 4)}")
     else:
-        lines.append("canvas  step  rows    top1        KL    KL-max  max|dlogp|  accept    stop  entropy  sc-rec"
-                     "  sc-ours  sc-same")
+        by_row = any(s.get("row") is not None for s in summary["steps"])  # a mixed trace: one row per line
+        lines.append(("  row " if by_row else "") + "canvas  step  rows    top1        KL    KL-max  max|dlogp|  accept"
+                     "    stop  entropy  sc-rec  sc-ours  sc-same")
         for s in summary["steps"]:
             failing = s["rows"] and ((th["min_top1"] is not None and s["top1"] < th["min_top1"])
                                      or (th["max_kl"] is not None and s["kl"] > th["max_kl"]))
             lines.append(
-                f"{s['canvas']:>6}{'!' if failing else ' '}{s['step']:>5}  {s['rows']:>4}  {_num(s['top1'], 6, 4)}  "
+                (f"{s['row']:>5} " if by_row else "") + f"{s['canvas']:>6}{'!' if failing else ' '}{s['step']:>5}  {s['rows']:>4}  {_num(s['top1'], 6, 4)}  "
                 f"{_num(s['kl'], 8, 1, True)}  {_num(s['kl_max'], 8, 1, True)}  {_num(s['max_dlogprob'], 10, 2, True)}"
                 f"  {_num(s['accepted'], 6, 3)}  {_num(s['stop'], 6, 3)}  {_num(s['mean_entropy'], 7, 3)}"
                 f"  {_num(s.get('sc_record'), 6, 3)}  {_num(s.get('sc_ours'), 7, 3)}  {_num(s.get('sc_matched'), 7, 3)}"

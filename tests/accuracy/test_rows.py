@@ -168,6 +168,9 @@ def test_trace_and_compare_cli_with_mixed_batching(saved_pair, tmp_path, capsys)
     # float rounding between the pool's pass shapes and the replay's one-row shapes (batch_invariant: exactly 0)
     assert max(s["max_dlogprob"] for s in steps) < 1e-4
     assert {n: c["status"] for n, c in summary["checks"].items()} == {n: "pass" for n in summary["checks"]}
+    assert main(["compare", "--model", str(path), "--trace", str(tmp_path / "t")]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("  row canvas  step") and table[1].split()[:2] == ["0", "0"] and "PASS" in table[-1]
     # reference sampling draws from the global RNG over one lock-step batch: refused before the model loads
     assert main([*trace[:-2], "--out", str(tmp_path / "r"), "--batching", "mixed"]) == 2
     assert "--batching mixed needs --sampling fast" in capsys.readouterr().err
