@@ -63,7 +63,8 @@ def add_generate_command(subparsers) -> None:
                    help="a setting of the sampler, e.g. threshold=0.9 or corrector_steps=2 (repeat for several; "
                         "the value is read as JSON: true, 0.5, null, or else a plain string)")
     p.add_argument("--compile", action="store_true",
-                   help="run each denoising step as one compiled fixed-shape graph (lock-step batching; the first call pays the compilation)")
+                   help="run each denoising step as one compiled fixed-shape graph per batch bucket (generate(compile=True); "
+                        "the first call pays the compilation)")
     p.add_argument("--dtype", type=_dtype, default="auto", help="float32, bfloat16, float16 or auto (default)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
