@@ -141,9 +141,10 @@ class RowDenoisePass(DenoisePass):
         """
         if any(k is None for k in cache.keys):
             raise ValueError("the compiled row pass needs the row cache's buffers: encode a prompt first")
-        if self.mode == "reduce-overhead":
+        if self.mode == "reduce-overhead" and not getattr(cache, "static_marked", False):  # once: they never move
             for t in (*cache.keys, *cache.values, cache.lengths_t):
                 torch._dynamo.mark_static_address(t)
+            cache.static_marked = True
         return self._fn(canvas, tuple(cache.keys), tuple(cache.values), cache.lengths_t, soft, capacity)
 
 

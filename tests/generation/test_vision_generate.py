@@ -101,3 +101,14 @@ def test_image_tokens_without_images_warn_in_generate_only(model, processor, cap
         assert "no `pixel_values`" not in caplog.text
         model.generate(x["input_ids"], **SETTINGS)
     assert "holds image tokens (id 125) but no `pixel_values`" in caplog.text
+
+
+@torch.no_grad()
+def test_compiled_mixed_batching_with_image_prompts(model, processor):
+    """Compiled mixed passes: the prefill rows with images run eager over their own cache rows (RowCache.rows) next
+    to the compiled denoising rows; the tokens are the eager mixed pool's."""
+    batch = image_prompt([r[0] for r in ROWS], [r[1] for r in ROWS], processor)
+    kw = dict(seed=[3, 4, 5], batching="mixed", max_batch_size=2, **SETTINGS)
+    eager = model.generate(**batch, **kw).sequences
+    compiled = model.generate(**batch, compile={"backend": "eager"}, **kw).sequences
+    assert torch.equal(compiled, eager)
