@@ -5,6 +5,7 @@ running OpenAI-compatible server, golden outputs (docs/reference-accuracy.md, do
     record.py   recording a trace while `generate` runs (`return_trace=True`)
     replay.py   teacher-forced replay of a trace through our model, per-step metrics
     selfcond.py each replayed step's self-conditioning input: the record's top-k plus our previous step's tail
+    rows.py     mixed-batch traces replayed and checked row by row, each row as its own one-row trace
     engine_compare.py  `compare --engine-url`: a running server's answers scored under the reference
     stats.py    the stratified Welch t-test behind it
     report.py   thresholds, the per-canvas table and JSON
