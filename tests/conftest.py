@@ -109,6 +109,23 @@ def tokenizer():
     return tiny_tokenizer()
 
 
+@pytest.fixture
+def buckets(monkeypatch):
+    """The (rows R, capacity C') of every compiled row pass (`modeling.compile.RowDenoisePass`) while a test runs,
+    on whichever thread calls it (the server's scheduler)."""
+    from diffusiongemma.modeling.compile import RowDenoisePass
+
+    seen = []
+    inner = RowDenoisePass.__call__
+
+    def call(self, canvas, cache, soft, capacity):
+        seen.append((canvas.shape[0], capacity))
+        return inner(self, canvas, cache, soft, capacity)
+
+    monkeypatch.setattr(RowDenoisePass, "__call__", call)
+    return seen
+
+
 @pytest.fixture(scope="session")
 def saved_pair(tmp_path_factory):
     """A folder written by the built-in class (+ tokenizer), the built-in model, and ours loaded from it."""

@@ -11,7 +11,7 @@ from torch._dynamo.utils import counters
 
 from conftest import tiny_model
 from diffusiongemma import BlockRefinementSamplerConfig, DiscreteDDIMSamplerConfig
-from diffusiongemma.modeling.compile import RowDenoisePass, row_bucket
+from diffusiongemma.modeling.compile import row_bucket
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 L = 16
@@ -37,20 +37,6 @@ def batch(lengths: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     for b, n in enumerate(lengths):
         mask[b, P - n :] = 1
     return ids * mask, mask
-
-
-@pytest.fixture
-def buckets(monkeypatch):
-    """The (R, C') of every compiled pass."""
-    seen = []
-    inner = RowDenoisePass.__call__
-
-    def call(self, canvas, cache, soft, capacity):
-        seen.append((canvas.shape[0], capacity))
-        return inner(self, canvas, cache, soft, capacity)
-
-    monkeypatch.setattr(RowDenoisePass, "__call__", call)
-    return seen
 
 
 def test_compiled_mixed_pool_keeps_the_tokens_and_compiles_once_per_bucket(model, buckets):

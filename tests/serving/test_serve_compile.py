@@ -10,7 +10,6 @@ from torch._dynamo.utils import counters
 from conftest import tiny_model
 
 from diffusiongemma import DiffusionGemmaGenerationConfig
-from diffusiongemma.modeling.compile import RowDenoisePass
 from diffusiongemma.serving.cli import serve_compile
 from diffusiongemma.serving.scheduler import Job, ServingScheduler
 from diffusiongemma.serving.settings import request_settings
@@ -28,20 +27,6 @@ def model():
         model.lm_head.weight.mul_(30)
     model.generation_config = CONFIG
     return model
-
-
-@pytest.fixture
-def buckets(monkeypatch):
-    """(R, C') of every compiled pass (called on the scheduler's thread)."""
-    seen = []
-    inner = RowDenoisePass.__call__
-
-    def call(self, canvas, cache, soft, capacity):
-        seen.append((canvas.shape[0], capacity))
-        return inner(self, canvas, cache, soft, capacity)
-
-    monkeypatch.setattr(RowDenoisePass, "__call__", call)
-    return seen
 
 
 def serve_round(scheduler, model, lengths: list[int], seed: int) -> None:
