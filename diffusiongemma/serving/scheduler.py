@@ -92,7 +92,7 @@ class ServingScheduler:
         self.peak_rows = 0  # most rows that shared one pass (observability, tests)
         self.passes = 0
         self.active_rows = 0  # rows in the pool now
-        self.dropped = 0  # rows that left unfinished (client gone, stop string)
+        self.dropped = 0  # requests that left unfinished (client gone, while waiting or running; stop string)
         self._pool: RowPool | None = None
         self._plans: dict = {}  # request settings -> Plan, shared by requests with equal settings
         self._constrained: collections.deque = collections.deque()  # keys of plans with a constraint, oldest first
@@ -142,7 +142,8 @@ class ServingScheduler:
                         admitted.append(self._waiting.popleft())
                 pool = self._ensure_pool()
                 for job in admitted:
-                    if job.streamer.abandoned:
+                    if job.streamer.abandoned:  # its client left while it waited: dropped before it ran
+                        self.dropped += 1
                         job.streamer.end()
                         continue
                     try:
