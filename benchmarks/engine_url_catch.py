@@ -28,7 +28,7 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "accuracy"))
-from foreign_engine import BUGS, ForeignEngineServer
+from foreign_engine import BUGS, ForeignEngineServer, perturbed
 
 from diffusiongemma.cli import main
 from diffusiongemma.sudoku import make_puzzle
@@ -51,14 +51,6 @@ def windowed_copy(root: Path) -> Path:
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
-
-def perturbed(model):
-    """The same perturbation as tests/accuracy/test_mutations.py: one o_proj plus 10 % of its std as noise."""
-    bad = type(model).from_pretrained(DEMO_MODEL, dtype=torch.float32).eval()
-    with torch.no_grad():
-        w = bad.model.decoder.layers[1].self_attn.o_proj.weight
-        w.add_(0.1 * w.std() * torch.randn(w.shape, generator=torch.Generator().manual_seed(1)))
-    return bad
 
 
 def compare(reference: Path, url: str, prompts: Path, *extra: str) -> tuple[int, dict]:

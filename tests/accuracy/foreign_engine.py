@@ -186,3 +186,13 @@ class ForeignEngineServer:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def perturbed(model):
+    """A copy of `model` (loaded again from its folder, fp32) with one attention output projection given noise of
+    10 % of its std: the mutation suite's and benchmarks/engine_url_catch.py's perturbed-weight engine."""
+    bad = type(model).from_pretrained(model.name_or_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        w = bad.model.decoder.layers[1].self_attn.o_proj.weight
+        w.add_(0.1 * w.std() * torch.randn(w.shape, generator=torch.Generator().manual_seed(1)))
+    return bad

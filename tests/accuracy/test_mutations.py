@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 import transformers
-from foreign_engine import foreign_trace
+from foreign_engine import foreign_trace, perturbed
 
 from diffusiongemma.cli import main
 from diffusiongemma.sudoku import make_puzzle
@@ -28,13 +28,6 @@ def prompts():
     rng, tokenizer = random.Random(3), sudoku_tokenizer()
     return torch.tensor([encode_puzzle(tokenizer, make_puzzle(rng, 45)[0]) for _ in range(2)])
 
-
-def perturbed(model):
-    bad = type(model).from_pretrained(DEMO_MODEL, dtype=torch.float32).eval()
-    with torch.no_grad():
-        w = bad.model.decoder.layers[1].self_attn.o_proj.weight
-        w.add_(0.1 * w.std() * torch.randn(w.shape, generator=torch.Generator().manual_seed(1)))
-    return bad
 
 
 def compare(trace, folder, capsys, model_folder=DEMO_MODEL):

@@ -7,26 +7,13 @@ import torch
 from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 
-from conftest import tiny_model
-
-from diffusiongemma import DiffusionGemmaGenerationConfig
 from diffusiongemma.serving.cli import serve_compile
 from diffusiongemma.serving.scheduler import Job, ServingScheduler
 from diffusiongemma.serving.settings import request_settings
-from test_serve_scheduler import Recorder, solo
+from test_serve_scheduler import CONFIG, Recorder, solo
+from test_serve_scheduler import model  # noqa: F401 - its sharpened tiny model, a module-scoped fixture
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-CONFIG = DiffusionGemmaGenerationConfig(eos_token_id=1, pad_token_id=0, max_denoising_steps=8, stability_threshold=0,
-                                        confidence_threshold=0.8)
-
-
-@pytest.fixture(scope="module")
-def model():
-    model = tiny_model()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30)
-    model.generation_config = CONFIG
-    return model
 
 
 def serve_round(scheduler, model, lengths: list[int], seed: int) -> None:
