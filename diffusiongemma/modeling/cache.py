@@ -202,7 +202,8 @@ class RowCache:
     committed lengths are kept twice: host ints (`lengths`: the scheduler decides them, so an eager pass never reads
     them back from the device, a host sync on CUDA; `begin` copies them asynchronously) and a device tensor
     (`lengths_t` [slots] long, updated in place by `advance`/`move`/`reset` with an asynchronous copy), which the
-    compiled denoising pass reads (`static_view`, modeling/compile.py `RowDenoisePass`).
+    compiled denoising pass reads (modeling/compile.py `RowDenoisePass` views rows [0, R) and slots [0, C') of the
+    buffers and `lengths_t[:R]`).
 
     Args:
         shapes: the `LayerShape` of every layer.
@@ -301,14 +302,6 @@ class RowCache:
         """A view of the rows `slots` (pool slot numbers) with this cache's pass interface: `run_rows` over it
         reads and writes only those rows (the encoder rows of a compiled mixed pass)."""
         return RowSubset(self, slots)
-
-    def static_view(self, rows: int, capacity: int) -> "StaticCacheView":
-        """The fixed-shape view of rows [0, R) and slots [0, C') a compiled denoising pass reads: buffers
-        [R, K, C', D] (views, written in place) and lengths_t[:R]. Needs written buffers."""
-        if any(k is None for k in self.keys):
-            raise ValueError("the static view needs the row cache's buffers: encode a prompt first")
-        return StaticCacheView([k[:rows, :, :capacity] for k in self.keys],
-                               [v[:rows, :, :capacity] for v in self.values], self.lengths_t[:rows])
 
 
 class RowSubset:
